@@ -10,13 +10,13 @@ import io
 import json
 import logging
 import math
-import struct
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from dicom_files import write_dicom
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)   # the demo jobs run single-threaded too; on a shared 2-core machine more threads only contend
@@ -424,34 +424,6 @@ def test_mimic_download_without_credentials_says_what_to_do(tmp_path):
     assert "physionet.org/files/mimic-cxr-jpg/2.0.0/files/" in message and "resources/raw/mimic_cxr/files" in message
 
 
-def _element(group, element, vr: bytes, value: bytes) -> bytes:
-    if vr in (b"OB", b"OW", b"SQ", b"UN", b"UT"):
-        return struct.pack("<HH", group, element) + vr + b"\0\0" + struct.pack("<I", len(value)) + value
-    return struct.pack("<HH", group, element) + vr + struct.pack("<H", len(value)) + value
-
-
-def write_dicom(path: Path, rows: int, cols: int, pixels: np.ndarray | None = None, jpeg: bytes | None = None) -> None:
-    """A minimal Part-10 file in explicit VR little endian (native pixels) or JPEG baseline (encapsulated)."""
-    syntax = (b"1.2.840.10008.1.2.4.50" if jpeg is not None else b"1.2.840.10008.1.2.1") + b"\0"
-    meta = _element(0x0002, 0x0010, b"UI", syntax[: len(syntax) // 2 * 2])
-    meta = _element(0x0002, 0x0000, b"UL", struct.pack("<I", len(meta))) + meta
-    undefined_sequence = (struct.pack("<HH", 0x0008, 0x1140) + b"SQ\0\0" + struct.pack("<I", 0xFFFFFFFF)
-                          + struct.pack("<HHI", 0xFFFE, 0xE000, 0xFFFFFFFF) + _element(0x0008, 0x1150, b"UI", b"1.2\0")
-                          + struct.pack("<HHI", 0xFFFE, 0xE00D, 0) + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0))
-    body = (_element(0x0008, 0x0060, b"CS", b"CR") + undefined_sequence + _element(0x0028, 0x0002, b"US", struct.pack("<H", 1))
-            + _element(0x0028, 0x0004, b"CS", b"MONOCHROME2 ") + _element(0x0028, 0x0010, b"US", struct.pack("<H", rows))
-            + _element(0x0028, 0x0011, b"US", struct.pack("<H", cols)) + _element(0x0028, 0x0100, b"US", struct.pack("<H", 8)))
-    if jpeg is not None:
-        fragment = jpeg + (b"\0" if len(jpeg) % 2 else b"")
-        body += (struct.pack("<HH", 0x7FE0, 0x0010) + b"OB\0\0" + struct.pack("<I", 0xFFFFFFFF)
-                 + struct.pack("<HHI", 0xFFFE, 0xE000, 0) + struct.pack("<HHI", 0xFFFE, 0xE000, len(fragment)) + fragment
-                 + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0))
-    else:
-        body += _element(0x7FE0, 0x0010, b"OB", pixels.astype(np.uint8).tobytes())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\0" * 128 + b"DICM" + meta + body)
-
-
 def test_rsna_preparer_converts_dicom_and_keeps_boxes(tmp_path):
     from PIL import Image
 
@@ -465,9 +437,9 @@ def test_rsna_preparer_converts_dicom_and_keeps_boxes(tmp_path):
     patients = [f"p{i:02d}" for i in range(10)]
     for i, patient in enumerate(patients):
         if i == 0:
-            write_dicom(base / "stage_2_train_images" / f"{patient}.dcm", 6, 8, pixels=pixels)
+            write_dicom(base / "stage_2_train_images" / f"{patient}.dcm", pixels=pixels)
         else:
-            write_dicom(base / "stage_2_train_images" / f"{patient}.dcm", 16, 16, jpeg=buffer.getvalue())
+            write_dicom(base / "stage_2_train_images" / f"{patient}.dcm", jpeg=buffer.getvalue(), size=(16, 16))
     rows = [{"patientId": p, "x": np.nan, "y": np.nan, "width": np.nan, "height": np.nan, "Target": 0} for p in patients[:5]]
     rows += [{"patientId": p, "x": 1.0, "y": 2.0, "width": 3.0, "height": 4.0, "Target": 1} for p in patients[5:]]
     rows.append({"patientId": "p09", "x": 5.0, "y": 5.0, "width": 2.0, "height": 2.0, "Target": 1})

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from dicom_files import write_dicom
 
 from fedrepro.data.datasets import fediic as ds
 from fedrepro.data.splitters.fediic import dirichlet_group, equal_recut, group_sizes, split_creff
@@ -286,26 +287,40 @@ def test_ct_windowing_and_single_type_selection():
     assert labels.to_dict("records") == [{"image": "ID_a", "subtype": "epidural"}]
 
 
-def test_rsna_ich_preparer_writes_windowed_pngs(tmp_path, monkeypatch):
+def test_rsna_ich_preparer_writes_windowed_pngs(tmp_path):
     from PIL import Image
 
     from fedrepro.data import registry
     from fedrepro.data.prepare import prepare_dataset
 
     base = tmp_path / "raw" / "rsna_ich"
-    (base / "stage_2_train").mkdir(parents=True)
     rows = []
-    for image, subtype in (("ID_01", "subdural"), ("ID_02", "intraventricular")):
-        np.save(base / "stage_2_train" / f"{image}.npy", np.full((8, 8), 1064, dtype=np.int16))
-        (base / "stage_2_train" / f"{image}.dcm").write_bytes(b"")
+    for image, subtype, explicit in (("ID_01", "subdural", True), ("ID_02", "intraventricular", False)):
+        # stored 1064 with intercept -1024 -> 40 HU; the file's own window is ignored by window: brain
+        write_dicom(base / "stage_2_train" / f"{image}.dcm", np.full((8, 8), 1064, dtype=np.int16), explicit=explicit,
+                    intercept="-1024", slope="1", center="0", width="1")
         rows += [{"ID": f"{image}_{t}", "Label": int(t in (subtype, "any"))} for t in (*ds.ICH_SUBTYPES, "any")]
     pd.DataFrame(rows).to_csv(base / "stage_2_train.csv", index=False)
-    monkeypatch.setattr(ds, "read_dicom", lambda p: (np.load(p.with_suffix(".npy")),
-                                                     {"slope": 1.0, "intercept": -1024.0, "center": 0.0, "width": 1.0}))
     manifest = prepare_dataset(registry.get("rsna_ich"), tmp_path / "raw")
     assert manifest["class_name"].tolist() == ["subdural", "intraventricular"]
-    png = np.asarray(Image.open(tmp_path / "raw" / manifest["path"][0]))
-    assert png.shape == (256, 256) and png.min() == png.max() == 128     # HU 40 in the brain window -> 127.5 -> 128
+    for path in manifest["path"]:
+        png = np.asarray(Image.open(tmp_path / "raw" / path))
+        assert png.shape == (256, 256) and png.min() == png.max() == 128   # HU 40 in the brain window -> 127.5 -> 128
+
+
+def test_ich_dicom_reader_reads_rescale_and_the_files_own_window(tmp_path):
+    pixels = np.array([[0, 1000], [1040, 2000]], dtype=np.int16)
+    write_dicom(tmp_path / "a.dcm", pixels, explicit=False, intercept="-1024.0", slope="1", center="40\\50",
+                width="80\\100")
+    stored, meta = ds.read_dicom(tmp_path / "a.dcm")
+    assert stored.tolist() == pixels.tolist()
+    assert meta == {"slope": 1.0, "intercept": -1024.0, "center": 40.0, "width": 80.0}   # first of multi-valued DS
+    write_dicom(tmp_path / "b.dcm", pixels.astype(np.uint16))                     # no CT attributes at all
+    assert ds.read_dicom(tmp_path / "b.dcm")[1] == {"slope": 1.0, "intercept": 0.0, "center": 40.0, "width": 80.0}
+    truncated = (tmp_path / "a.dcm").read_bytes()[:-2]
+    (tmp_path / "c.dcm").write_bytes(truncated)
+    with pytest.raises(ValueError, match=r"c\.dcm.*shorter"):
+        ds.read_dicom(tmp_path / "c.dcm")
 
 
 def test_rsna_ich_download_names_the_competition_rules(tmp_path):

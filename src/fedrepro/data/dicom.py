@@ -1,9 +1,11 @@
-"""A small DICOM reader for single-frame radiographs (RSNA Pneumonia's ``stage_2_train_images``).
+"""A small DICOM reader for single-frame radiographs and CT slices (RSNA Pneumonia's
+``stage_2_train_images``, RSNA ICH's ``stage_2_train``): the one DICOM path of the project.
 
 It parses the Part-10 file format (preamble, ``DICM``, explicit-VR file meta group) and a dataset
 in explicit or implicit VR little endian, skipping sequences, and returns the pixel data either as
 the JPEG stream of an encapsulated (JPEG baseline) image — written to disk as-is, no re-encoding —
-or as a native 8/16-bit array. Big-endian and other compressed transfer syntaxes are refused with a
+or as a native 8/16-bit array, with the rescale (slope, intercept) and the file's own display window
+(center, width) that CT windowing needs. Big-endian and other compressed transfer syntaxes are refused with a
 clear error (convert such files with pydicom/dcmtk and place PNGs instead).
 """
 
@@ -22,7 +24,12 @@ LONG_VRS = {b"OB", b"OW", b"OF", b"SQ", b"UT", b"UN", b"UC", b"UR", b"OD", b"OL"
 UNDEFINED = 0xFFFFFFFF
 ITEM, ITEM_END, SEQ_END = (0xFFFE, 0xE000), (0xFFFE, 0xE00D), (0xFFFE, 0xE0DD)
 WANTED = {(0x0028, 0x0002): "samples", (0x0028, 0x0004): "photometric", (0x0028, 0x0010): "rows",
-          (0x0028, 0x0011): "columns", (0x0028, 0x0100): "bits", (0x0028, 0x0103): "signed"}
+          (0x0028, 0x0011): "columns", (0x0028, 0x0100): "bits", (0x0028, 0x0103): "signed",
+          (0x0028, 0x1050): "center", (0x0028, 0x1051): "width", (0x0028, 0x1052): "intercept",
+          (0x0028, 0x1053): "slope"}
+TEXT_TAGS = {(0x0028, 0x0004)}
+# Decimal strings (VR DS); multi-valued ones ("40\80") keep their first value, as viewers do.
+DECIMAL_TAGS = {(0x0028, 0x1050), (0x0028, 0x1051), (0x0028, 0x1052), (0x0028, 0x1053)}
 PIXEL_DATA = (0x7FE0, 0x0010)
 
 
@@ -38,6 +45,21 @@ class DicomImage:
     photometric: str
     pixels: np.ndarray | None      # native pixel data (rows x columns[, samples])
     jpeg: bytes | None             # the encapsulated JPEG stream
+    slope: float = 1.0             # stored value -> modality value (Hounsfield units for CT)
+    intercept: float = 0.0
+    window: tuple[float, float] | None = None   # the file's (center, width), when it has one
+
+
+def _decode(tag: tuple[int, int], raw: bytes):
+    if tag in TEXT_TAGS:
+        return raw.rstrip(b"\x00 ").decode("ascii")
+    if tag in DECIMAL_TAGS:
+        first = raw.decode("ascii", errors="replace").split("\\")[0].strip(" \x00")
+        try:
+            return float(first) if first else None
+        except ValueError:
+            return None      # a malformed optional attribute: fall back to the default
+    return struct.unpack_from("<H", raw)[0]
 
 
 def _element_header(buf: bytes, pos: int, explicit: bool) -> tuple[tuple[int, int], bytes | None, int, int]:
@@ -115,8 +137,9 @@ def read_dicom(path: str | Path) -> DicomImage:
             pos = _skip_sequence(buf, pos, explicit)
             continue
         if tag in WANTED:
-            raw = buf[pos:pos + length]
-            info[WANTED[tag]] = raw.rstrip(b"\x00 ").decode("ascii") if tag == (0x0028, 0x0004) else struct.unpack_from("<H", raw)[0]
+            value = _decode(tag, buf[pos:pos + length])
+            if value is not None:
+                info[WANTED[tag]] = value
         pos += length
     if pixels is None and jpeg is None:
         raise DicomError(f"{path}: no pixel data")
@@ -130,8 +153,12 @@ def read_dicom(path: str | Path) -> DicomImage:
         if info.get("signed"):
             dtype = np.int8 if bits == 8 else np.int16
         shape = (rows, columns) if samples == 1 else (rows, columns, samples)
+        if rows is None or columns is None or len(pixels) < np.dtype(dtype).itemsize * int(np.prod(shape)):
+            raise DicomError(f"{path}: pixel data is shorter than Rows x Columns says (truncated file?)")
         array = np.frombuffer(pixels, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-    return DicomImage(syntax, rows, columns, info.get("photometric", "MONOCHROME2"), array, jpeg)
+    window = (info["center"], info["width"]) if "center" in info and "width" in info else None
+    return DicomImage(syntax, rows, columns, info.get("photometric", "MONOCHROME2"), array, jpeg,
+                      info.get("slope", 1.0), info.get("intercept", 0.0), window)
 
 
 def to_8bit(image: DicomImage) -> np.ndarray:

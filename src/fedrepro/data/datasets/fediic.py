@@ -11,8 +11,8 @@ PNG and writes it once to ``rsna_ich/png/`` (resumable). Windowing: HU = pixels 
 clipped to [center - width/2, center + width/2] and scaled to 0..255; ``window: brain`` uses the
 standard brain window (40, 80) for every image, ``dicom`` the file's own WindowCenter/WindowWidth;
 ``png_size`` resizes (0 keeps 512 x 512). The exact window and size of the Kaggle notebook the authors
-followed are not stated [GAP]: brain window and 256 px are our defaults. DICOM decoding needs
-``pydicom`` (optional extra ``ich``), imported only here.
+followed are not stated [GAP]: brain window and 256 px are our defaults. DICOM files are read by the
+project's own reader (``fedrepro.data.dicom``), no extra dependency.
 
 "Real" (``fediic_real``). The authors never released it; it is rebuilt from the sources the paper
 names, with these documented choices:
@@ -171,26 +171,17 @@ def window_ct(pixels: np.ndarray, slope: float, intercept: float, center: float,
     return np.round((np.clip(hu, low, high) - low) / (high - low) * 255.0).astype(np.uint8)
 
 
-def _first(value, default: float) -> float:
-    if value is None:
-        return default
-    try:
-        return float(value[0]) if not isinstance(value, (str, bytes)) and hasattr(value, "__len__") else float(value)
-    except (TypeError, ValueError):
-        return default
-
-
 def read_dicom(path: Path) -> tuple[np.ndarray, dict]:
-    """(stored pixel array, {slope, intercept, center, width}) of a DICOM file."""
-    try:
-        import pydicom
-    except ImportError:
-        raise ImportError("reading the RSNA ICH DICOM files needs pydicom: pip install 'pydicom>=2.4' "
-                          "(the 'ich' extra of fedrepro)") from None
-    ds = pydicom.dcmread(str(path))
-    meta = {"slope": _first(ds.get("RescaleSlope"), 1.0), "intercept": _first(ds.get("RescaleIntercept"), 0.0),
-            "center": _first(ds.get("WindowCenter"), BRAIN_WINDOW[0]), "width": _first(ds.get("WindowWidth"), BRAIN_WINDOW[1])}
-    return ds.pixel_array, meta
+    """(stored pixel array, {slope, intercept, center, width}) of an uncompressed DICOM slice; the
+    file's own window falls back to the brain window when it has none."""
+    from ..dicom import DicomError
+    from ..dicom import read_dicom as read_part10
+
+    image = read_part10(path)
+    if image.pixels is None:
+        raise DicomError(f"{path}: compressed pixel data; RSNA ICH slices are expected uncompressed")
+    center, width = image.window or BRAIN_WINDOW
+    return image.pixels, {"slope": image.slope, "intercept": image.intercept, "center": center, "width": width}
 
 
 def dicom_to_png(source: Path, target: Path, window: str, size: int) -> None:
