@@ -202,3 +202,37 @@ def test_bad_figure_specs_are_named(tiny, monkeypatch):
         reliability(project, P, "rel", spec, root / "x.png")
     with pytest.raises(ValueError, match=r"figures/r \(kind roc\) needs \['methods'\]"):
         roc(project, P, "r", {"kind": "roc", "settings": ["iid"]}, root / "x.png")
+
+
+def test_seed_table_and_turn_series_by_hand(tmp_path, monkeypatch):
+    """The curve figures plot seed_table's per-seed columns; FedDRA's per-turn curves take the value
+    after each turn's last evaluated round."""
+    from types import SimpleNamespace
+
+    from fedrepro.report.feddra_figures import turn_series
+    from fedrepro.report.figures import seed_table
+
+    monkeypatch.chdir(tmp_path)
+    histories = {  # rounds 1..4, evaluated at 2 and 4 (NaN elsewhere), and one seed that never logs cos_sim
+        0: {"round": [1, 2, 3, 4], "global/acc": [np.nan, 0.5, np.nan, 0.7], "loss": [1, 1, 1, 1]},
+        1: {"round": [1, 2, 3, 4], "global/acc": [np.nan, 0.3, np.nan, 0.9], "loss": [1, 1, 1, 1]},
+    }
+    for seed, columns in histories.items():
+        out = tmp_path / "results/runs/p/s/m" / f"seed{seed}"
+        out.mkdir(parents=True)
+        pd.DataFrame(columns).to_csv(out / "history.csv", index=False)
+    project = SimpleNamespace(config={"seeds": [0, 1]})
+
+    table = seed_table(project, "p", "s", "m", "global/acc")
+    assert list(table.index) == [2, 4]
+    np.testing.assert_allclose(table.mean(axis=1), [0.4, 0.8])
+    np.testing.assert_allclose(table.std(axis=1), [np.sqrt(0.02), np.sqrt(0.02)])
+    assert seed_table(project, "p", "s", "m", "cos_sim") is None
+
+    # two rounds per turn: turn 1 = round 2, turn 2 = round 4; one round per turn keeps evaluated rounds
+    by_turn = seed_table(project, "p", "s", "m", "global/acc", per_run=lambda h, c: turn_series(h, c, 2))
+    assert list(by_turn.index) == [1, 2]
+    np.testing.assert_allclose(by_turn.iloc[:, 0], [0.5, 0.7])
+    history = pd.DataFrame({"round": [1, 2, 3], "x": [0.1, np.nan, 0.3]})
+    assert turn_series(history, "x", 1).to_dict() == {1: 0.1, 3: 0.3}
+    assert turn_series(history, "x", 3).to_dict() == {1: 0.3}

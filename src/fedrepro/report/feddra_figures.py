@@ -21,8 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import Project
-from .figures import _plt, method_label, save_figure, setting_label
-from .tables import run_dir
+from .figures import _plt, method_label, plot_mean_band, save_figure, seed_table, setting_label
 
 
 def _table_frame(project: Project, paper: str, table: str) -> pd.DataFrame:
@@ -100,17 +99,11 @@ def alignment_curves(project: Project, paper: str, name: str, spec: dict, out_pn
     for ax, (setting, eval_key) in zip(axes.flat, panels):
         column = f"{eval_key}/{metric}"
         for method in spec["methods"]:
-            series = []
-            for seed in project.config["seeds"]:
-                history = pd.read_csv(run_dir(paper, setting, method, seed) / "history.csv")
-                if column in history:
-                    series.append(turn_series(history, column, int(per_turn.get(method, 1))))
-            if not series:
-                continue
-            table = pd.concat(series, axis=1)
-            mean, std = table.mean(axis=1), table.std(axis=1).fillna(0)
-            ax.plot(mean.index, mean, marker="o", label=method_label(project, paper, method))
-            ax.fill_between(mean.index, mean - std, mean + std, alpha=0.2)
+            rounds_per_turn = int(per_turn.get(method, 1))
+            table = seed_table(project, paper, setting, method, column,
+                               per_run=lambda history, col: turn_series(history, col, rounds_per_turn))
+            if table is not None:
+                plot_mean_band(ax, table, method_label(project, paper, method), marker="o")
         ax.set_title(f"{setting_label(project, paper, setting)} — {eval_key}", fontsize=9)
         ax.set_xlabel("communication turn")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -42,9 +42,34 @@ def setting_label(project: Project, paper: str, setting: str) -> str:
     return project.papers[paper]["settings"][setting].get("label", setting)
 
 
+def round_series(history: pd.DataFrame, column: str) -> pd.Series:
+    """A history column indexed by round (rounds without an evaluation dropped)."""
+    return history[["round", column]].dropna().set_index("round")[column]
+
+
+def seed_table(project: Project, paper: str, setting: str, method: str, column: str,
+               per_run=round_series) -> pd.DataFrame | None:
+    """``per_run(history, column)`` of every seed's run as one column each (None if no run logs ``column``)."""
+    series = []
+    for seed in project.config["seeds"]:
+        history = pd.read_csv(run_dir(paper, setting, method, seed) / "history.csv")
+        if column in history:
+            series.append(per_run(history, column))
+    return pd.concat(series, axis=1) if series else None
+
+
+def plot_mean_band(ax, table: pd.DataFrame, label: str, scale: float = 1.0, **style) -> None:
+    """The mean over a table's columns (seeds) as a line, ± their std as a band."""
+    mean, std = scale * table.mean(axis=1), scale * table.std(axis=1).fillna(0)
+    line, = ax.plot(mean.index, mean, label=label, **style)
+    ax.fill_between(mean.index, mean - std, mean + std, alpha=0.2, color=line.get_color())
+
+
 def curves(project: Project, paper: str, name: str, spec: dict, out_png: Path) -> None:
     """Metric per round, one line per method (mean over seeds, band = ± std), one panel per setting."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
     metrics = spec.get("metrics") or [spec.get("metric", "acc")]
     evals = spec.get("evals") or [spec.get("eval", "global")]
     settings = spec["settings"]
@@ -55,19 +80,12 @@ def curves(project: Project, paper: str, name: str, spec: dict, out_png: Path) -
     for ax, (setting, metric, eval_key) in zip(axes.flat, panels):
         column = f"{eval_key}/{metric}"
         for method in spec["methods"]:
-            frames = []
-            for seed in project.config["seeds"]:
-                hist = pd.read_csv(run_dir(paper, setting, method, seed) / "history.csv")
-                if column in hist:
-                    frames.append(hist[["round", column]].dropna().set_index("round")[column])
-            if not frames:
-                continue
-            table = pd.concat(frames, axis=1)
-            mean, std = table.mean(axis=1), table.std(axis=1).fillna(0)
-            ax.plot(mean.index, 100 * mean, label=method_label(project, paper, method))
-            ax.fill_between(mean.index, 100 * (mean - std), 100 * (mean + std), alpha=0.2)
+            table = seed_table(project, paper, setting, method, column)
+            if table is not None:
+                plot_mean_band(ax, table, method_label(project, paper, method), scale=100)
         ax.set_title(f"{setting_label(project, paper, setting)} — {eval_key}")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(f"{metric} (%)")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
