@@ -213,7 +213,7 @@ def test_seed_table_and_turn_series_by_hand(tmp_path, monkeypatch):
     from fedrepro.report.figures import seed_table
 
     monkeypatch.chdir(tmp_path)
-    histories = {  # rounds 1..4, evaluated at 2 and 4 (NaN elsewhere), and one seed that never logs cos_sim
+    histories = {  # rounds 1..4, evaluated at 2 and 4 (NaN elsewhere); neither run logs cos_sim
         0: {"round": [1, 2, 3, 4], "global/acc": [np.nan, 0.5, np.nan, 0.7], "loss": [1, 1, 1, 1]},
         1: {"round": [1, 2, 3, 4], "global/acc": [np.nan, 0.3, np.nan, 0.9], "loss": [1, 1, 1, 1]},
     }

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import Project
-from .figures import _plt, method_label, plot_mean_band, save_figure, seed_table, setting_label
+from .figures import _plt, method_label, plot_mean_band, round_series, save_figure, seed_table, setting_label
 
 
 def _table_frame(project: Project, paper: str, table: str) -> pd.DataFrame:
@@ -81,9 +81,9 @@ def table_plot(project: Project, paper: str, name: str, spec: dict, out_png: Pat
 
 def turn_series(history: pd.DataFrame, column: str, rounds_per_turn: int) -> pd.Series:
     """A history column per communication turn: the value after the turn's last evaluated round."""
-    frame = history[["round", column]].dropna()
-    turns = frame["round"].map(lambda r: math.ceil(r / rounds_per_turn))
-    return frame.assign(turn=turns).groupby("turn")[column].last()
+    series = round_series(history, column)
+    turns = series.index.map(lambda r: math.ceil(r / rounds_per_turn)).rename("turn")
+    return series.groupby(turns).last()
 
 
 def alignment_curves(project: Project, paper: str, name: str, spec: dict, out_png: Path) -> None:
