@@ -113,6 +113,18 @@ def test_lmmd_vanishes_on_identical_domains_and_only_the_source_gets_gradients()
     assert x.grad.abs().sum() > 0 and probs.grad is None     # pseudo-labels are never differentiated
 
 
+def test_lmmd_runs_in_float64_and_agrees_with_float32():
+    # the class weights used to be cast to float32, so double-precision features crashed the matmul
+    gen = torch.Generator().manual_seed(3)
+    s, t = torch.randn(6, 4, generator=gen, dtype=torch.float64), torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    y = torch.tensor([0, 1, 0, 1, 2, 2])
+    probs = torch.softmax(torch.randn(6, 3, generator=gen, dtype=torch.float64), 1)
+    for options in ({}, {"kernels": 1, "bandwidth": "median", "pseudo_labels": "hard", "classes": "all"}):
+        double = lmmd(s, t, y, probs, **options)
+        assert double.dtype == torch.float64
+        assert double.item() == pytest.approx(lmmd(s.float(), t.float(), y, probs.float(), **options).item(), rel=1e-5)
+
+
 def test_gradient_reversal_layer():
     x = torch.tensor([1.0, -2.0], requires_grad=True)
     y = grad_reverse(x, 0.5)

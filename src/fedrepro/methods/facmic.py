@@ -70,16 +70,16 @@ def gaussian_kernels(d2: torch.Tensor, bandwidth: torch.Tensor, n_kernels: int, 
     return sum(torch.exp(-d2 / (base * mul ** m)) for m in range(n_kernels))
 
 
-def source_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """w^s_ic = 1(y_i = c) / n_c (B x K; an absent class has a zero column)."""
-    onehot = F.one_hot(labels, num_classes).float()
+def source_weights(labels: torch.Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """w^s_ic = 1(y_i = c) / n_c (B x K in ``dtype``; an absent class has a zero column)."""
+    onehot = F.one_hot(labels, num_classes).to(dtype)
     return onehot / onehot.sum(0).clamp_min(1.0)
 
 
 def target_weights(probs: torch.Tensor, mode: str) -> torch.Tensor:
     """Soft (q_jc / sum_j q_jc) or hard (one-hot argmax, normalised per class) target weights (B x K)."""
     if mode == "hard":
-        probs = F.one_hot(probs.argmax(1), probs.shape[1]).float()
+        probs = F.one_hot(probs.argmax(1), probs.shape[1]).to(probs.dtype)
     elif mode != "soft":
         raise ValueError(f"unknown pseudo_labels {mode!r}; allowed: soft, hard")
     mass = probs.sum(0)
@@ -89,10 +89,11 @@ def target_weights(probs: torch.Tensor, mode: str) -> torch.Tensor:
 def lmmd(source: torch.Tensor, target: torch.Tensor, source_labels: torch.Tensor, target_probs: torch.Tensor, *,
          kernels: int = 5, kernel_mul: float = 2.0, bandwidth: str = "mean", pseudo_labels: str = "soft",
          classes: str = "common") -> torch.Tensor:
-    """Local MMD between a labelled source batch and an unlabeled target batch (see the module docstring)."""
+    """Local MMD between a labelled source batch and an unlabeled target batch (see the module docstring).
+    The class weights take the features' dtype (float32 or float64 alike)."""
     num_classes = target_probs.shape[1]
-    ws = source_weights(source_labels, num_classes)
-    wt = target_weights(target_probs.detach(), pseudo_labels)
+    ws = source_weights(source_labels, num_classes, source.dtype)
+    wt = target_weights(target_probs.detach().to(source.dtype), pseudo_labels)
     if classes == "common":
         present = (ws.sum(0) > 0) & (F.one_hot(target_probs.argmax(1), num_classes).sum(0) > 0)
         if not present.any():
