@@ -31,13 +31,14 @@ def test_roc_curve_steps_and_ties():
 def test_macro_roc_by_hand():
     y = np.array([0, 1, 2, 0])
     p = np.array([[0.7, 0.2, 0.1], [0.3, 0.4, 0.3], [0.2, 0.3, 0.5], [0.4, 0.5, 0.1]])
-    # class 0: both positives ranked first -> (0,1),(0.5,1),(1,1) after the vertical step at 0
-    # class 1: one negative (0.5) above the positive (0.4) -> (0,0),(1/3,1),(2/3,1),(1,1)
-    # class 2: positive first -> (0,1),(1/3,1),(1,1)
-    # union of FPRs {0, 1/3, 1/2, 2/3, 1}; mean TPR (1+0+1)/3 = 2/3 at 0, then 1 everywhere
+    # the classes' ROC points as sklearn's default roc_curve gives them (collinear points dropped):
+    # class 0: both positives ranked first -> (0,0),(0,1/2),(0,1),(1,1)
+    # class 1: one negative (0.5) above the positive (0.4) -> (0,0),(1/3,0),(1/3,1),(1,1)
+    # class 2: positive first, then a negative, then two tied negatives -> (0,0),(0,1),(1/3,1),(1,1)
+    # union of FPRs {0, 1/3, 1}; mean TPR (1+0+1)/3 = 2/3 at 0 (tops of the steps), then 1 everywhere
     out = M.macro_roc(y, p, grid=np.array([0.0, 0.5, 1.0]))
-    np.testing.assert_allclose(out["fpr"], [0, 1 / 3, 1 / 2, 2 / 3, 1])
-    np.testing.assert_allclose(out["tpr"], [2 / 3, 1, 1, 1, 1])
+    np.testing.assert_allclose(out["fpr"], [0, 1 / 3, 1])
+    np.testing.assert_allclose(out["tpr"], [2 / 3, 1, 1])
     # area: (2/3 + 1)/2 * 1/3 + 1 * 2/3 = 5/18 + 12/18
     assert out["auc"] == pytest.approx(17 / 18)
     np.testing.assert_allclose(out["grid_tpr"], [2 / 3, 1, 1])

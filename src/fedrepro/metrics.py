@@ -10,8 +10,8 @@ numbers are comparable with the published ones; NumPy keeps training jobs free o
 - ECE: expected calibration error with equal-width confidence bins (15 by default).
 
 Curves for figures (FAA-CLIP Fig. 5, its ``DCA_ROC.py``):
-- macro ROC: one-vs-rest ROC per class, TPRs interpolated on the union of the classes' FPRs and
-  averaged; macro AUC = trapezoidal area under that mean curve.
+- macro ROC: one-vs-rest ROC per class, each class's polyline interpolated on the union of the
+  classes' FPRs and averaged (scikit-learn's recipe); macro AUC = trapezoidal area under that mean curve.
 - decision curves: net benefit NB(t) = (TP - FP * t / (1 - t)) / N of "treat if p_c >= t", per class
   one-vs-rest and averaged over classes; "treat all" NB(t) = pi - (1 - pi) * t / (1 - t) with the
   class prevalence pi, averaged over classes; "treat none" is 0.
@@ -109,9 +109,12 @@ def classification_metrics(y_true: np.ndarray, probs: np.ndarray, n_bins: int = 
     }
 
 
-def roc_curve(y_true: np.ndarray, score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def roc_curve(y_true: np.ndarray, score: np.ndarray, drop_intermediate: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Binary ROC (fpr, tpr) with one point per distinct score, from (0, 0) to (1, 1); tied scores
-    form one step (``sklearn.metrics.roc_curve(drop_intermediate=False)``)."""
+    form one step (``sklearn.metrics.roc_curve(drop_intermediate=False)``). ``drop_intermediate``
+    drops the points sklearn's default drops: a point whose FP and TP counts both have a zero second
+    difference (the middle of equal, collinear increments). The polyline is the same either way, but
+    the set of FPRs is not, and the macro average interpolates on the union of the classes' FPRs."""
     y_true = np.asarray(y_true).astype(bool)
     score = np.asarray(score, dtype=float)
     n_pos, n_neg = int(y_true.sum()), int((~y_true).sum())
@@ -122,14 +125,33 @@ def roc_curve(y_true: np.ndarray, score: np.ndarray) -> tuple[np.ndarray, np.nda
     last_of_tie = np.r_[np.flatnonzero(np.diff(score)), len(score) - 1]
     tps = np.cumsum(y_true)[last_of_tie]
     fps = (last_of_tie + 1) - tps
+    if drop_intermediate and len(fps) > 2:
+        keep = np.r_[True, (np.diff(fps, 2) != 0) | (np.diff(tps, 2) != 0), True]
+        fps, tps = fps[keep], tps[keep]
     return np.r_[0.0, fps / n_neg], np.r_[0.0, tps / n_pos]
 
 
+def roc_interpolate(x: np.ndarray, fpr: np.ndarray, tpr: np.ndarray) -> np.ndarray:
+    """TPR of the ROC polyline (``fpr`` non-decreasing, vertical steps as repeated FPRs) at the FPRs ``x``:
+    linear between consecutive points, and at an FPR reached by a vertical step the top of the step.
+    This is what ``np.interp(x, fpr, tpr)`` gives on sklearn's ``roc_curve`` output (the macro-average
+    recipe of the authors' code), written out so it does not rest on np.interp's handling of repeats."""
+    x = np.asarray(x, dtype=float)
+    last = np.clip(np.searchsorted(fpr, x, side="right") - 1, 0, len(fpr) - 1)   # last point with fpr <= x
+    nxt = np.minimum(last + 1, len(fpr) - 1)
+    run = fpr[nxt] - fpr[last]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = np.where(run > 0, (tpr[nxt] - tpr[last]) / run, 0.0)
+    return tpr[last] + slope * np.clip(x - fpr[last], 0.0, None)
+
+
 def macro_roc(y_true: np.ndarray, probs: np.ndarray, grid: np.ndarray | None = None) -> dict[str, np.ndarray | float]:
-    """Macro-averaged one-vs-rest ROC. The per-class TPRs are interpolated on the union of all
-    classes' FPRs and averaged; ``auc`` is the area under that mean curve (the macro AUC of the
-    sklearn recipe the papers' code follows; it can exceed the mean of the per-class AUCs because
-    the interpolation cuts the corners of the steps). Classes without positives
+    """Macro-averaged one-vs-rest ROC, exactly scikit-learn's recipe (FAA-CLIP's ``DCA_ROC.py``): every
+    class's ROC points as sklearn's default ``roc_curve`` returns them (vertical steps included,
+    collinear points dropped) are interpolated on the union of all classes' FPRs (:func:`roc_interpolate`)
+    and the TPRs averaged; ``auc`` is the trapezoidal area under that mean curve (it can exceed the mean
+    of the per-class AUCs: between two union FPRs the mean is a chord, and at a union FPR that is a
+    vertical step of some class it takes that class's top of the step). Classes without positives
     or without negatives are left out (``classes`` lists the ones used). With ``grid`` the mean curve
     is also resampled on it (``grid_tpr``), so curves of several runs can be averaged."""
     y_true, probs = np.asarray(y_true), np.asarray(probs, dtype=float)
@@ -137,15 +159,11 @@ def macro_roc(y_true: np.ndarray, probs: np.ndarray, grid: np.ndarray | None = N
     for c in range(probs.shape[1]):
         positives = y_true == c
         if positives.any() and (~positives).any():
-            fpr, tpr = roc_curve(positives, probs[:, c])
-            # at an FPR reached by a vertical step take the top of the step: the value np.interp
-            # gives there (as in the authors' sklearn-based code), but well defined
-            top = np.r_[fpr[1:] != fpr[:-1], True]
-            curves[c] = (fpr[top], tpr[top])
+            curves[c] = roc_curve(positives, probs[:, c], drop_intermediate=True)
     if not curves:
         raise ValueError("no class has both positives and negatives: the macro ROC is undefined")
     fpr = np.unique(np.concatenate([f for f, _ in curves.values()]))
-    tpr = np.mean([np.interp(fpr, f, t) for f, t in curves.values()], axis=0)
+    tpr = np.mean([roc_interpolate(fpr, f, t) for f, t in curves.values()], axis=0)
     out = {"fpr": fpr, "tpr": tpr, "auc": float(np.trapezoid(tpr, fpr)), "classes": np.array(sorted(curves))}
     if grid is not None:
         out["grid_tpr"] = np.interp(np.asarray(grid, dtype=float), fpr, tpr)
