@@ -301,6 +301,20 @@ def test_clip_full_class_prompts_equal_per_sample_prompts(tiny):
     assert not any(p.requires_grad for p in clip.parameters())          # the cached pretrained model stays frozen
 
 
+def test_clip_full_trains_with_the_learned_scale_and_predicts_with_eval_logit_scale(tiny):
+    x = torch.randn(3, 3, 64, 64)
+    trained = _family("clip_full")
+    fixed = _family("clip_full", {"eval_logit_scale": 100})
+    model = trained.build()
+    with torch.no_grad():
+        model.logit_scale.fill_(1.0)       # a learned temperature exp(1) != 100
+        cos = F.normalize(model.encode_image(x).float(), dim=-1) @ F.normalize(trained.class_text(model), dim=-1).t()
+        assert torch.allclose(trained.class_scores(model, {"x": x}), math.e * cos, atol=1e-5)
+        # the authors' test code: softmax(100 cos), whatever temperature training learned
+        assert torch.allclose(fixed.class_scores(model, {"x": x}), 100 * cos, atol=1e-4)
+        assert torch.allclose(fixed.forward(model, {"x": x, "y": torch.tensor([0, 1, 2])}).logits, math.e * cos, atol=1e-5)
+
+
 def test_lora_parameter_count_zero_init_and_communication(tiny):
     family = _family("clip_lora")
     model = family.build()

@@ -262,8 +262,9 @@ class ModelAveraging(FederatedMethod):
         return torch.cat(probs).numpy() if probs else np.zeros((0, self.fed.num_classes), dtype=np.float32)
 
     def class_scores(self, model: nn.Module, batch: dict) -> torch.Tensor:
-        """B x C scores whose softmax is the prediction (default: the family's logits)."""
-        return self.family.forward(model, batch).logits
+        """B x C scores whose softmax is the prediction (default: the family's, see
+        :meth:`ModelFamily.class_scores`)."""
+        return self.family.class_scores(model, batch)
 
     # ---- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict:

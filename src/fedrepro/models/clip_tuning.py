@@ -4,16 +4,17 @@ These are the model families of the CLIP baselines of FACMIC (Table 2) and FAA-C
 All three predict like CLIP, by ``scale * cos(e_I(x), e_T(prompt_c))`` over the class prompts, and
 train with the B x B image-text contrastive loss of the authors' code: for a batch of B images,
 column j holds the prompt of sample j's class, the target of row j is column j (same-class duplicates
-count as negatives), and the loss averages both directions (spec §1.1, FACMIC eq. 4). The class prompts
+count as negatives), and the loss averages both directions (FACMIC eq. 4; docs/papers/facmic.md). The class prompts
 are encoded once per batch and indexed by label, which is the same computation (and the same gradients)
 as encoding one prompt per sample.
 
 - ``clip_full``: every weight of both encoders is trained and communicated (FedAvg, FedProx, MOON,
   FedFocal and Centralized of both papers). ``logit_scale: model`` uses CLIP's own learnable temperature
-  exp(t), trained with the rest, as the authors' code does.
+  exp(t), trained with the rest, as the authors' code does; their test code predicts with a fixed
+  100 x cosine instead (``eval_logit_scale: 100`` in the paper configs).
 - ``clip_lora``: LoRA (Hu et al., ICLR 2022) of rank r on chosen projections of chosen encoders; the
   base weights are frozen, only the low-rank factors are trained and communicated. FAA-CLIP does not say
-  which layers carry LoRA (spec §2.4 [GAP]); the default follows CLIP-LoRA (Zanella & Ben Ayed,
+  which layers carry LoRA ([GAP], docs/papers/faa_clip.md); the default follows CLIP-LoRA (Zanella & Ben Ayed,
   CVPR-W 2024): the q, k and v projections of every attention block of both encoders. With r = 3 on
   CLIP ViT-B/32 that is 12 x 3 x 3 x (768 + 768) + 12 x 3 x 3 x (512 + 512) = 165,888 + 110,592
   = 276,480 parameters (0.18 % of 151.3 M). Adding ``o`` gives 368,640; every linear layer
@@ -39,7 +40,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ..seeding import seed_global
-from .families import ModelFamily, Output, clip_batch_objective
+from .families import ModelFamily, Output, clip_batch_objective, clip_scores
 
 _FROZEN: dict[tuple, tuple] = {}
 
@@ -186,21 +187,34 @@ class OpenClipFamily(ModelFamily):
         """A trainable copy of the pretrained CLIP (the cached one stays frozen and untouched)."""
         return copy.deepcopy(self.pristine).requires_grad_(True).train()
 
-    def scale(self, model: nn.Module) -> torch.Tensor | float:
-        value = self.cfg["logit_scale"]
+    def scale(self, model: nn.Module, value: str | float | None = None) -> torch.Tensor | float:
+        """The logit scale ``value`` names (default: the training one, ``logit_scale``): ``model`` =
+        CLIP's own exp(t), a number = that number."""
+        value = self.cfg["logit_scale"] if value is None else value
         return model.logit_scale.exp() if value == "model" else float(value)
 
     def class_text(self, model: nn.Module) -> torch.Tensor:
         return model.encode_text(self.tokens).float()
 
+    def embed(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image features B x D, class-prompt text features C x D) of the current model, not normalised."""
+        return model.encode_image(batch["x"]).float(), self.class_text(model)
+
     def forward(self, model: nn.Module, batch: dict) -> Output:
-        image = model.encode_image(batch["x"]).float()
-        text = self.class_text(model)
+        image, text = self.embed(model, batch)
         scale = self.scale(model)
         image_n, text_n = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
         labels = batch["y"]
         objective = clip_batch_objective(image_n, labels, text_n, scale) if labels.min() >= 0 else []
         return Output(logits=scale * image_n @ text_n.t(), features=image, objective=objective)
+
+    def class_scores(self, model: nn.Module, batch: dict) -> torch.Tensor:
+        """``eval_logit_scale`` x cos(image, class prompt) (default: the training scale). The authors' test
+        code scores every CLIP baseline with a fixed 100 (``get_similarity``), whatever temperature
+        training learned: the paper configs set ``eval_logit_scale: 100``. Accuracy does not depend on
+        it; the probabilities (ROC, decision curves, calibration) do."""
+        image, text = self.embed(model, batch)
+        return clip_scores(image, text, self.scale(model, self.cfg.get("eval_logit_scale")))
 
     def eval_transform(self):
         from .encoders import encoder_transform

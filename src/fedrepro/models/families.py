@@ -52,6 +52,10 @@ class ModelFamily:
     def loss(self, out: Output, batch: dict) -> torch.Tensor:
         return cross_entropy_over(out.objective)
 
+    def class_scores(self, model: nn.Module, batch: dict) -> torch.Tensor:
+        """B x C scores whose softmax is the prediction at evaluation (default: the training logits)."""
+        return self.forward(model, batch).logits
+
     def train_transform(self):
         return None
 
