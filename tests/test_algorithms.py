@@ -51,10 +51,9 @@ def test_focal_loss_by_hand():
     assert focal_loss(scores, target, gamma=2.0).item() == pytest.approx(-(0.3 ** 2) * math.log(0.7), rel=1e-5)
     # gamma 0, no smoothing = cross-entropy
     assert focal_loss(scores, target, gamma=0.0).item() == pytest.approx(-math.log(0.7), rel=1e-5)
-    # smoothing 0.3 over 3 classes: q = (0.8, 0.1, 0.1), gamma 1
-    p = [0.7, 0.2, 0.1]
-    q = [0.8, 0.1, 0.1]
-    expected = -sum(qk * (1 - pk) * math.log(pk) for qk, pk in zip(q, p))
+    # smoothing 0.3 over 3 classes as FACMIC's FocalLossWithSmoothing: q = (0.7, 0.15, 0.15); the focal
+    # factor (1 - p)^gamma only on the label's term (gamma 1)
+    expected = -(0.7 * (1 - 0.7) * math.log(0.7) + 0.15 * math.log(0.2) + 0.15 * math.log(0.1))
     assert focal_loss(scores, target, gamma=1.0, smoothing=0.3).item() == pytest.approx(expected, rel=1e-5)
 
 
