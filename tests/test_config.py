@@ -70,7 +70,7 @@ def test_unknown_method_param(tmp_path):
         paper["methods"]["fedprox"] = {"method": "fedprox", "params": {"mu": 0.1, "squard": False}}
         paper["tables"]["accuracy"]["rows"].append({"method": "fedprox"})
 
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['squard'\].*did you mean 'squared'.*allowed keys: \['mu', 'squared'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['squard'\].*did you mean 'squared'.*allowed keys: \['anchor', 'mu', 'squared', 'warmup_updates'\]"):
         write_paper(tmp_path, bad)
 
 
@@ -79,6 +79,29 @@ def test_unknown_model_family_and_key(tmp_path):
         paper["methods"]["fedavg"]["train"]["model"]["backbon"] = "resnet18"
 
     with pytest.raises(ConfigError, match=r"fedavg: train/model.*unknown key\(s\) \['backbon'\]"):
+        write_paper(tmp_path, bad)
+
+
+def test_protocol_overrides_merge_into_the_runs_of_that_protocol_only(tmp_path):
+    def with_override(paper):
+        paper["methods"]["fedprox"] = {"method": "fedprox", "params": {"mu": 0.01, "squared": False},
+                                       "protocols": {"paper": {"params": {"anchor": "previous_round"},
+                                                               "train": {"optimizer": {"lr": 0.5}}}}}
+        paper["tables"]["accuracy"]["rows"].append({"method": "fedprox"})
+        paper["settings"]["fashion_paper"] = {**copy.deepcopy(paper["settings"]["fashion_iid"]), "protocol": "paper"}
+
+    project = write_paper(tmp_path, with_override)
+    clean = project.run_config(RunKey("foundation", "fashion_iid", "fedprox", 0))
+    paper = project.run_config(RunKey("foundation", "fashion_paper", "fedprox", 0))
+    assert clean["algorithm"]["params"] == {"mu": 0.01, "squared": False, "anchor": "round_start", "warmup_updates": 0}
+    assert paper["algorithm"]["params"] == {"mu": 0.01, "squared": False, "anchor": "previous_round", "warmup_updates": 0}
+    assert paper["train"]["optimizer"]["lr"] == 0.5 and clean["train"]["optimizer"]["lr"] != 0.5
+
+    def bad(paper):
+        with_override(paper)
+        paper["methods"]["fedprox"]["protocols"]["paper"]["params"] = {"anchor": "last_round"}
+
+    with pytest.raises(ConfigError, match=r"methods/fedprox/protocols/paper/params.*'last_round' is not allowed"):
         write_paper(tmp_path, bad)
 
 

@@ -204,6 +204,9 @@ class Project:
             algorithm = variant.get("method", name)
             check_choice(algorithm, self.catalog.methods, f"{where}: methods/{name}/method")
             validate(variant.setdefault("params", {}), self.catalog.method_schema(algorithm), f"{where}: methods/{name}/params")
+            for protocol, override in variant.get("protocols", {}).items():
+                validate(deep_merge(variant["params"], override.get("params")), self.catalog.method_schema(algorithm),
+                         f"{where}: methods/{name}/protocols/{protocol}/params")
         for setting in paper["settings"]:
             for method in paper["methods"]:
                 self.train_config(paper["paper"], setting, method)  # validates the merged train block
@@ -236,7 +239,9 @@ class Project:
 
     def _resolve_train_config(self, paper: str, setting: str, method: str) -> dict:
         p = self.papers[paper]
-        train = deep_merge(deep_merge(p["defaults"], p["settings"][setting].get("train")), p["methods"][method].get("train"))
+        variant = p["methods"][method]
+        train = deep_merge(deep_merge(p["defaults"], p["settings"][setting].get("train")), variant.get("train"))
+        train = deep_merge(train, self.protocol_override(paper, setting, method).get("train"))
         where = f"{paper}: settings/{setting} x methods/{method}: train"
         missing = [k for k in ("rounds", "batch_size", "model", "optimizer") if k not in train]
         if missing:
@@ -263,6 +268,17 @@ class Project:
 
     def protocol(self, paper: str, setting: str) -> str:
         return self.papers[paper]["settings"][setting].get("protocol", self.config["protocol"])
+
+    def protocol_override(self, paper: str, setting: str, method: str) -> dict:
+        """What a method variant changes under the protocol of ``setting`` (``protocols: {paper: {params,
+        train}}``): e.g. the authors' code's behaviour that moves published numbers, on under ``paper`` only."""
+        variant = self.papers[paper]["methods"][method]
+        return variant.get("protocols", {}).get(self.protocol(paper, setting), {})
+
+    def method_params(self, paper: str, setting: str, method: str) -> dict:
+        """The variant's ``params`` with its override for the setting's protocol merged in."""
+        variant = self.papers[paper]["methods"][method]
+        return deep_merge(variant.get("params", {}), self.protocol_override(paper, setting, method).get("params"))
 
     def split_seed(self, paper: str, setting: str, seed: int) -> int:
         value = self.papers[paper]["settings"][setting]["split"].get("seed", 0)
@@ -331,7 +347,7 @@ class Project:
             "seed": key.seed,
             "protocol": protocol,
             "dataset": setting["dataset"],
-            "algorithm": {"name": variant.get("method", key.method), "params": variant.get("params", {})},
+            "algorithm": {"name": variant.get("method", key.method), "params": self.method_params(key.paper, key.setting, key.method)},
             "train": train,
             "input": self.catalog.input_kind(train["model"]["family"]),
             "impl": {

@@ -1,35 +1,43 @@
 """FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020).
 
-Local objective: the family's loss plus a proximal term that keeps the client near the global
-model it started the round from,
+Local objective: the family's loss plus a proximal term that keeps the client near a global model,
 
-    L = L_task + (mu / 2) * ||w - w_global||^2                       (the paper; ``squared: true``)
-    L = L_task + (mu / 2) * ||w - w_global||                          (FACMIC/FAA-CLIP code; ``squared: false``)
+    L = L_task + (mu / 2) * ||w - w_anchor||^2                      (the paper; ``squared: true``)
+    L = L_task + (mu / 2) * sqrt(1e-10 + ||w - w_anchor||^2)         (FACMIC/FAA-CLIP code; ``squared: false``)
 
-over the communicated (shared) trainable parameters. Aggregation is FedAvg's.
+over the communicated (shared) trainable parameters; the code's "1e-2 / 2 * w_diff" is mu = 0.01 with
+squared: false. The anchor is the global model this round started from, or (FAA-CLIP's code) the one
+the previous round started from; the first ``warmup_updates`` client updates of the run go without
+the term (both papers' code: 1), see :mod:`fedrepro.methods.global_anchor`. Aggregation is FedAvg's.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..fl.method import ModelAveraging
+from .global_anchor import GlobalAnchor
+
+NORM_EPS = 1e-10   # inside the square root of the non-squared norm, as the authors' code starts its sum
 
 
 def proximal_term(model: torch.nn.Module, anchor: dict[str, torch.Tensor], mu: float, squared: bool = True) -> torch.Tensor:
-    """(mu/2) ||w - anchor||^2, or (mu/2) ||w - anchor|| when ``squared`` is false."""
+    """(mu/2) ||w - anchor||^2, or (mu/2) sqrt(1e-10 + ||w - anchor||^2) when ``squared`` is false."""
     params = dict(model.named_parameters())
     sq = sum(((params[name] - ref) ** 2).sum() for name, ref in anchor.items())
     if not isinstance(sq, torch.Tensor):
         return torch.zeros((), device=next(model.parameters()).device)
-    return (mu / 2) * (sq if squared else torch.sqrt(sq + 1e-12))
+    return (mu / 2) * (sq if squared else torch.sqrt(sq + NORM_EPS))
 
 
-class FedProx(ModelAveraging):
+class FedProx(GlobalAnchor):
     def before_local_training(self, client, rnd):
-        shared = set(self.shared)
-        self.anchor = {n: p.detach().clone() for n, p in self.work.named_parameters() if n in shared and p.requires_grad}
+        super().before_local_training(client, rnd)
+        anchor = self.anchor_state()
+        self.anchor = {n: anchor[n].detach().clone() for n, p in self.work.named_parameters() if n in anchor and p.requires_grad}
+        self.active = self.regularised(client, rnd)
 
     def local_loss(self, model, batch, client, rnd):
         loss, out = super().local_loss(model, batch, client, rnd)
+        if not self.active:
+            return loss, out
         return loss + proximal_term(model, self.anchor, self.params["mu"], self.params["squared"]), out

@@ -22,6 +22,18 @@ from ..seeding import torch_generator
 from .tuning import require_family
 
 
+def target_stream(reference, train: dict, seed: int, rnd: int, client_index: int) -> Iterator[dict]:
+    """Client ``client_index``'s endless stream of unlabeled target batches in round ``rnd``: full
+    batches of ``train.batch_size``, the target set reshuffled on every pass (pass p keyed by
+    (seed, "target", rnd, client, p))."""
+    passes = 0
+    while True:
+        generator = torch_generator(seed, "target", rnd, client_index, passes)
+        yield from batches(reference, train["batch_size"], shuffle=True, generator=generator, drop_last=True,
+                           num_workers=train.get("num_workers", 0))
+        passes += 1
+
+
 class DomainAdaptation(ModelAveraging):
     """ModelAveraging of a feature attention module (``clip_fam`` on cached features, or ``clip_fam_images``)
     plus an endless stream of unlabeled target batches, one per local step."""
@@ -46,14 +58,8 @@ class DomainAdaptation(ModelAveraging):
         self.targets = self.target_stream(client.index, rnd) if self.uses_target() else None
 
     def target_stream(self, client_index: int, rnd: int) -> Iterator[dict]:
-        size = self.ctx.train["batch_size"]
-        passes = 0
-        while True:
-            generator = torch_generator(self.ctx.seed, "target", rnd, client_index, passes)
-            for batch in batches(self.fed.reference, size, shuffle=True, generator=generator,
-                                 drop_last=True, num_workers=self.ctx.train.get("num_workers", 0)):
-                yield to_device(batch, self.device)
-            passes += 1
+        for batch in target_stream(self.fed.reference, self.ctx.train, self.ctx.seed, rnd, client_index):
+            yield to_device(batch, self.device)
 
     def next_target(self) -> dict:
         return next(self.targets)
