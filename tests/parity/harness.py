@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -43,9 +44,10 @@ TINY_CLIP = {"name": "fedrepro-tiny-clip", "pretrained": "none"}
 
 
 @lru_cache(maxsize=None)
-def project():
-    """Every paper of the full grid, validated as ``snakemake`` would (config/config.yaml)."""
-    return load_project([ROOT / "config/config.yaml"], root=ROOT)
+def project(protocol: str | None = None):
+    """Every paper of the full grid, validated as ``snakemake`` would (config/config.yaml); with
+    ``protocol`` the top-level protocol is that one (as ``--config protocol=paper``)."""
+    return load_project([ROOT / "config/config.yaml"], overrides={"protocol": protocol} if protocol else None, root=ROOT)
 
 
 def tiny_model(model: dict) -> dict:
@@ -65,9 +67,10 @@ def paper_run(paper: str, method: str, setting: str | None = None, *, seed: int 
 
     ``train`` is deep-merged into the train block (rounds, local steps, batch size, ...); ``model``
     replaces the model block (default: :func:`tiny_model` of the configured one). The method's
-    ``params`` are never touched: they are what the parity test checks.
+    ``params`` are never touched: they are what the parity test checks. ``protocol`` resolves the run
+    under that protocol (a variant's ``protocols`` overrides included) unless the setting fixes its own.
     """
-    proj = project()
+    proj = project(protocol)
     setting = setting or _first_setting(paper, method)
     run = copy.deepcopy(proj.run_config(RunKey(paper, setting, method, seed)))
     if protocol is not None:
@@ -134,6 +137,31 @@ def client_batches(run: dict, client: ClientData, rnd: int, dataset=None) -> lis
 
 def train_sizes(fed: Federation) -> list[int]:
     return [len(c.train) for c in fed.clients]
+
+
+def target_batches(run: dict, fed: Federation, client: ClientData, rnd: int) -> Iterator[dict]:
+    """The unlabeled target batches the client draws in round ``rnd``, one per local step (plumbing)."""
+    from fedrepro.methods.target_domain import target_stream
+
+    return target_stream(fed.reference, run["train"], run["seed"], rnd, client.index)
+
+
+def eval_sets(fed: Federation) -> dict[str, object]:
+    """Eval key -> dataset the engine scores every round: each client's test split and the global set."""
+    return {**{c.name: c.test for c in fed.clients}, "global": fed.global_test}
+
+
+def stacked(dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels) of a whole in-memory dataset (cached features or :class:`TensorImages`)."""
+    if isinstance(dataset, FeatureSet):
+        return dataset.features, dataset.labels
+    return dataset.images, torch.as_tensor(dataset.labels)
+
+
+def assert_probs(driven: "Driven", expected: dict[str, torch.Tensor], what: str, rule: str = "last") -> None:
+    """The engine's evaluated probabilities agree with the specification's on every eval key given."""
+    for key, probs in expected.items():
+        assert_close(driven.probs(key, rule), probs, f"{what}: probabilities on {key}")
 
 
 def assert_close(actual, expected, what: str, tol: float = TOLERANCE) -> None:

@@ -1,0 +1,190 @@
+"""The specification side shared by the FACMIC / FAA-CLIP parity tests: what the authors' code computes
+in every method (``utils/training.py``, ``utils/testing.py``, ``utils/aggregation.py``, ``main.py`` of
+both repositories), written from their description - never from fedrepro's method, loss or family code.
+
+- Contrastive loss (FACMIC eq. 4, every method of both papers): for a batch of B images with labels y,
+  logits = s * n(I) n(T_y)^T with n(.) the L2 normalisation and T_y the text feature of each sample's
+  own class prompt (same-class columns are negatives), loss = 1/2 [CE(logits, arange B) + CE(logits^T,
+  arange B)]; s = exp(CLIP's logit_scale) (100 for the frozen CLIP of the FAM/FedCLIP methods).
+- Test (``get_similarity``): softmax(100 * n(I) n(T_c)^T) over the class prompts, for every method,
+  whatever temperature training used.
+- Optimiser: Adam(lr, betas, eps, weight_decay), one per client, created once and kept across rounds.
+- Aggregation: sum_i w_i theta_i of every floating-point state entry (BatchNorm running statistics
+  included), w = FACMIC: len(drop_last loader) x B = (n_i // B) x B, normalised; FAA-CLIP: 1/3 each.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+TEST_SCALE = 100.0     # utils/clip_util.get_similarity
+
+
+def contrastive_logits(image: torch.Tensor, text: torch.Tensor, scale) -> torch.Tensor:
+    """B x B: rows = images, columns = the prompts of the same samples' classes."""
+    return scale * F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).t()
+
+
+def contrastive_loss(image: torch.Tensor, text: torch.Tensor, scale) -> torch.Tensor:
+    logits = contrastive_logits(image, text, scale)
+    target = torch.arange(len(image))
+    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
+
+
+def clip_logits(clip, tokens: torch.Tensor, x: torch.Tensor, y: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+    """The full fine-tuning baselines' B x B logits: both encoders and the learned temperature exp(t);
+    ``image`` = e_I(x) if the caller has it already (MOON uses the same forward pass for its term, as
+    the code does).
+
+    The code encodes one prompt per sample; encoding each class prompt once and taking row y_j for
+    sample j is the same function with the same gradients (tests/test_clip.py checks it), and
+    normalising here and again in :func:`contrastive_logits` is the identity. Both keep the float
+    rounding of the implementation: Adam's first step has gain lr / eps = 50 on gradients below eps,
+    so rounding-level differences would otherwise show at the 1e-6 of the comparison."""
+    image = clip.encode_image(x).float() if image is None else image
+    image, text = F.normalize(image, dim=-1), F.normalize(clip.encode_text(tokens).float(), dim=-1)
+    return contrastive_logits(image, text[y], clip.logit_scale.exp())
+
+
+def clip_loss(clip, tokens: torch.Tensor, x: torch.Tensor, y: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+    """FedAvg's (and every full fine-tuning baseline's) local loss: the contrastive loss of :func:`clip_logits`."""
+    logits = clip_logits(clip, tokens, x, y, image)
+    target = torch.arange(len(logits))
+    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
+
+
+def predict_probs(image: torch.Tensor, class_text: torch.Tensor, scale=TEST_SCALE) -> torch.Tensor:
+    return torch.softmax(scale * F.normalize(image, dim=-1) @ F.normalize(class_text, dim=-1).t(), dim=1)
+
+
+@torch.no_grad()
+def clip_predict_probs(clip, tokens: torch.Tensor, x: torch.Tensor, scale=TEST_SCALE) -> torch.Tensor:
+    clip = clip.eval()
+    return predict_probs(clip.encode_image(x).float(), clip.encode_text(tokens).float(), scale)
+
+
+def adam(params, optimizer: dict) -> torch.optim.Adam:
+    return torch.optim.Adam([p for p in params if p.requires_grad], lr=optimizer["lr"], betas=tuple(optimizer["betas"]),
+                            eps=optimizer["eps"], weight_decay=optimizer["weight_decay"])
+
+
+def facmic_weights(fed, batch_size: int) -> list[float]:
+    """FACMIC main.py: l_i = len(train_test_loader_i) * batch, the loader dropping the last partial batch."""
+    return [float(len(c.train) // batch_size * batch_size) for c in fed.clients]
+
+
+def faa_weights(fed) -> list[float]:
+    """FAA-CLIP main.py: 1 / (number of training clients) each."""
+    return [1.0 / len(fed.clients)] * len(fed.clients)
+
+
+def average(states: list[dict], weights: list[float], keys=None) -> dict[str, torch.Tensor]:
+    """utils/aggregation.communication: the weighted sum of every floating-point entry (in float64 here)."""
+    w = torch.tensor(weights, dtype=torch.float64)
+    w = w / w.sum()
+    keys = [k for k in (keys or states[0]) if states[0][k].is_floating_point()]
+    return {k: torch.tensordot(w, torch.stack([s[k].double() for s in states]), dims=1) for k in keys}
+
+
+def with_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
+    """A copy of ``model`` holding ``state`` (the entries given; the rest as they were)."""
+    out = copy.deepcopy(model)
+    current = out.state_dict()
+    out.load_state_dict({k: state[k].to(v.dtype) if k in state else v for k, v in current.items()})
+    return out
+
+
+def class_tokens(run: dict, class_names: list[str]) -> torch.Tensor:
+    """The tokenised prompt of every class, "a picture of a {class}" (the model's tokenizer: plumbing)."""
+    from fedrepro.models.clip_tuning import frozen_clip
+
+    encoder = run["train"]["model"]["encoder"]
+    return frozen_clip(encoder)[2]([encoder["prompt"].format(name) for name in class_names])
+
+
+def code_rounds(run: dict, fed, server: torch.nn.Module, step_loss, *, rounds: int, weights: list[float],
+                keys=None, anchor: str = "live", previous: str = "copy", gate: bool = False, targets=None):
+    """main.py's loop, for ``rounds`` rounds -> (server model, {client: its model after the last
+    communication: the averaged entries plus what it keeps to itself}).
+
+    Every client holds a model (a copy of the server) and one Adam, both kept across rounds. In a round
+    each client, in order, runs ``step_loss(model, batch, ctx)`` on its batches with an optimiser step
+    after each; ``ctx`` carries ``server`` (the code's ``server_model_pre``), ``previous`` (the code's
+    ``previous_nets[client]``), ``regularise`` (the code's ``args.step > 0``: false only for the run's
+    first client update, when ``gate``) and ``targets`` (the client's target-batch stream, if given).
+    Then the server becomes the weighted average of the clients' ``keys`` entries (default: all) and
+    every client model receives them.
+
+    ``anchor = "live"``: ``server_model_pre`` *is* the server (FACMIC's ``server_model_pre = server_model``),
+    so in round r it holds the round's start G_r; ``"copy"``: a deep copy of the server taken before each
+    aggregation (FAA-CLIP), so in round r it is G_{r-1} (G_0 in rounds 0 and 1). ``previous = "live"``:
+    ``previous_nets`` *are* the client models being trained (FACMIC's ``previous_nets = models``);
+    ``"copy"``: deep copies taken before each aggregation, i.e. each client's model at the end of its
+    previous round (the initial model before that; FAA-CLIP, and MOON as published). The server and the
+    copies are in eval mode, as in the code (``test()`` leaves them there).
+    """
+    from types import SimpleNamespace
+
+    from .harness import client_batches, seed_client
+
+    server = copy.deepcopy(server).eval()       # the code's server only ever evaluates (ClipModelat.eval(), test())
+    models = {c.name: copy.deepcopy(server).train() for c in fed.clients}
+    optimizers = {name: adam(m.parameters(), run["train"]["optimizer"]) for name, m in models.items()}
+    server_pre = server if anchor == "live" else copy.deepcopy(server)
+    previous_nets = models if previous == "live" else {name: copy.deepcopy(m).eval() for name, m in models.items()}
+    step = 0
+    for rnd in range(rounds):
+        for client in fed.clients:
+            model, optimizer = models[client.name], optimizers[client.name]
+            ctx = SimpleNamespace(server=server_pre, previous=previous_nets[client.name], regularise=step > 0 or not gate,
+                                  targets=targets(client, rnd) if targets else None)
+            seed_client(run, rnd, client)
+            for batch in client_batches(run, client, rnd):
+                loss = step_loss(model, batch, ctx)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            step += 1
+        if anchor == "copy":
+            server_pre = copy.deepcopy(server)
+        if previous == "copy":     # FAA-CLIP tests each client model right after training: eval mode
+            previous_nets = {name: copy.deepcopy(m).eval() for name, m in models.items()}
+        averaged = average([m.state_dict() for m in models.values()], weights, keys)
+        with torch.no_grad():
+            for module in (server, *models.values()):
+                state = module.state_dict()
+                for key, value in averaged.items():
+                    state[key].copy_(value.to(state[key].dtype))
+    return server, models
+
+
+CLASSES = ["glioma", "meningioma", "none", "pituitary"]
+
+
+def check_full_clip(tmp_path, paper: str, method: str, step_loss, *, protocol: str | None = None, rounds: int = 1,
+                    steps: int = 2, clients=None, **loop) -> None:
+    """Drive ``method`` of ``paper`` (a full fine-tuning baseline) through the engine on the tiny CLIP and
+    four-class images, run :func:`code_rounds` with ``step_loss(tokens)`` from the same start, and compare
+    the server after ``rounds`` rounds and the probabilities of every eval set. The aggregation weights
+    are the paper's code's; ``clients(fed)`` replaces the participants (Centralized's pooled site);
+    ``loop`` passes ``anchor``, ``previous`` and ``gate``."""
+    from types import SimpleNamespace
+
+    from .harness import assert_close, assert_probs, drive, eval_sets, image_federation, initial_server, paper_run, stacked
+
+    run = paper_run(paper, method, protocol=protocol, train={"rounds": rounds, "local": {"steps": steps}, "batch_size": 4})
+    fed = image_federation(size=64, classes=4, sizes=(6, 8, 10), class_names=CLASSES)
+    start = initial_server(run, fed)
+    driven = drive(run, fed, tmp_path)
+
+    tokens = class_tokens(run, CLASSES)
+    sites = SimpleNamespace(clients=clients(fed)) if clients else fed
+    weights = facmic_weights(sites, 4) if paper == "facmic" else faa_weights(sites)
+    server, _ = code_rounds(run, sites, start, step_loss(tokens), rounds=rounds, weights=weights, **loop)
+    what = f"{paper} {method} ({driven.method.ctx.run['protocol']})"
+    assert_close(driven.method.server.state_dict(), server.state_dict(), f"{what}: server after {rounds} round(s)")
+    assert_probs(driven, {key: clip_predict_probs(server, tokens, stacked(data)[0]) for key, data in eval_sets(fed).items()},
+                 what)
