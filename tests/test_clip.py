@@ -49,6 +49,10 @@ def test_kernel_bandwidth_and_multi_kernel_by_hand():
     # squared distances between distinct points: 1, 4, 16, 1, 9, 4 (each twice)
     assert kernel_bandwidth(d2, "mean").item() == pytest.approx(2 * 35 / 12)
     assert kernel_bandwidth(d2, "median").item() == pytest.approx(4.0)
+    # squared distances 1, 9, 49, 4, 36, 16 (each twice): the median is the mean of the two middle values
+    # (9 + 16) / 2, as np.median; torch.median would give the lower one, 9
+    spread = torch.tensor([[0.0], [1.0], [3.0], [7.0]])
+    assert kernel_bandwidth(pairwise_sq_dists(spread, spread), "median").item() == pytest.approx(12.5)
     one, b = torch.tensor(1.0), torch.tensor(2.0)
     five = sum(math.exp(-1.0 / (2.0 / 4 * 2 ** m)) for m in range(5))      # (b/4) * 2^m, m = 0..4
     assert gaussian_kernels(one, b, 5, 2.0).item() == pytest.approx(five)
@@ -85,7 +89,7 @@ def test_lmmd_code_and_paper_variants_match_the_sums_of_eq6():
     s, t, y = torch.tensor(src), torch.tensor(tgt), torch.tensor([0, 1])
     all_d2 = [1, 0.25, 4, 0.25, 1, 2.25]                 # between the 4 distinct points
     mean_b = sum(all_d2) / len(all_d2)
-    median_b = sorted(all_d2 * 2)[5]                      # torch's median: the lower middle value (1.0)
+    median_b = float(np.median(all_d2 * 2))               # 1.0
 
     # code defaults: soft weights, common classes, 5 kernels, mean bandwidth; both target argmax classes exist
     probs = torch.tensor([[0.8, 0.2], [0.4, 0.6]])

@@ -55,12 +55,13 @@ def pairwise_sq_dists(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def kernel_bandwidth(d2: torch.Tensor, rule: str) -> torch.Tensor:
     """Mean or median of the squared distances between distinct points (the off-diagonal of the square
-    matrix ``d2``), not differentiated."""
+    matrix ``d2``), not differentiated. The median of an even count is the mean of the two middle values
+    (as np.median; torch.median would take the lower one)."""
     off = d2.detach()[~torch.eye(len(d2), dtype=torch.bool, device=d2.device)]
     if rule == "mean":
         return off.mean()
     if rule == "median":
-        return off.median()
+        return torch.quantile(off, 0.5)
     raise ValueError(f"unknown bandwidth rule {rule!r}; allowed: mean, median")
 
 
