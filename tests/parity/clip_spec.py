@@ -188,3 +188,42 @@ def check_full_clip(tmp_path, paper: str, method: str, step_loss, *, protocol: s
     assert_close(driven.method.server.state_dict(), server.state_dict(), f"{what}: server after {rounds} round(s)")
     assert_probs(driven, {key: clip_predict_probs(server, tokens, stacked(data)[0]) for key, data in eval_sets(fed).items()},
                  what)
+
+
+FEATURE_SIZES = (10, 13, 18)     # with B = 4: full batches 8, 12, 16 - FACMIC's weights differ from n_i
+
+
+def check_on_features(tmp_path, paper: str, method: str, step_loss, mask, *, protocol: str | None = None,
+                      rounds: int = 1, steps: int = 3, keys=None, scored=None, **loop):
+    """Drive ``method`` of ``paper`` (a FAM / adapter method on cached CLIP features) through the engine
+    on a small feature federation, run :func:`code_rounds` with ``step_loss(text)`` from the same start
+    (``ctx.targets`` = the client's target batches), and compare the server's ``keys(server)`` entries
+    (default: all) and the probabilities of every eval set - by default softmax(100 cos(mask(server, x),
+    T_c)) with ``mask(model, x)`` the masked features; ``scored(server, models, key, x, text)`` overrides
+    it -> (driven, spec server, spec client models)."""
+    from .harness import (assert_close, assert_probs, drive, eval_sets, feature_federation, initial_server,
+                          paper_run, target_batches)
+
+    run = paper_run(paper, method, protocol=protocol, train={"rounds": rounds, "local": {"steps": steps}, "batch_size": 4})
+    fed = feature_federation(dim=16, classes=3, sizes=FEATURE_SIZES)
+    start = initial_server(run, fed)
+    driven = drive(run, fed, tmp_path)
+
+    text = fed.extras["text_features"]
+    weights = facmic_weights(fed, 4) if paper == "facmic" else faa_weights(fed)
+    server, models = code_rounds(run, fed, start, step_loss(text), rounds=rounds, weights=weights,
+                                 keys=keys(start) if keys else None,
+                                 targets=lambda client, rnd: target_batches(run, fed, client, rnd), **loop)
+    expected = server.state_dict()
+    what = f"{paper} {method} ({driven.method.ctx.run['protocol']})"
+    assert_close(driven.method.server.state_dict(), {k: expected[k] for k in (keys(start) if keys else expected)
+                                                     if expected[k].is_floating_point()}, f"{what}: server")
+
+    def default(server_, models_, key, x, text_):
+        with torch.no_grad():
+            return predict_probs(mask(server_.eval(), x), text_)
+
+    scored = scored or default
+    assert_probs(driven, {key: scored(server, models, key, data.features, text) for key, data in eval_sets(fed).items()},
+                 what)
+    return driven, server, models

@@ -1,5 +1,5 @@
 """FAA-CLIP (Wu, Wang, Ben Ayed, Desrosiers, Chaves, "FAA-CLIP: Federated Adversarial Adaptation of CLIP",
-journal extension of FACMIC; spec §2).
+journal extension of FACMIC; paper text vs code: docs/papers/faa_clip.md).
 
 Each client i trains the feature attention module att_i of FACMIC (:mod:`fedrepro.models.fam`) with the same
 contrastive loss (eq. 4), and a local domain classifier D_i (Linear-BN-ReLU-Linear-BN-ReLU-Linear-Sigmoid)
@@ -15,8 +15,8 @@ L_contr + lambda L_DA(D(GRL(I*))) trains D to classify domains and att_i to conf
 the simple average of the FAMs (eq. 7; ``aggregation.weights: uniform`` in the paper configs); D_i never
 leaves the client.
 
-Where the paper and the authors' code differ (spec §2.1), the parameters choose; defaults = the **code**,
-which produced the published numbers:
+Where the paper and the authors' code differ, the parameters choose; defaults = the **code**, which
+produced the published numbers:
 
 - ``target_grad`` (false): the code computes the target's I* under no_grad, so only the source branch
   trains att_i adversarially; true = the paper's objective, where att_i also moves the target features.
@@ -25,15 +25,19 @@ which produced the published numbers:
   batch, as eq. 5 is written. With equal batch sizes both are the same mean over 2B terms.
 - Features given to D are L2-normalised, as in the code.
 
-Ablations (Table VII): ``share_discriminator`` (D averaged like the FAM), ``local_bn`` (the FAM's
-BatchNorm weights and statistics stay on the client, FedBN-style; the server model, which the papers
-evaluate on every client's test split and on the global set, then keeps its initial BatchNorm, as the
-authors' aggregation that skips BN entries implies), ``lambda_da: 0`` (without DA); the deeper FAM and
-the FAM layer sets of Table VIII are model options (``variant``).
+Ablations (Table VII): ``share_discriminator`` (D averaged like the FAM), ``local_bn`` (w/o shared BN:
+the FAM's BatchNorm weights and statistics stay on each client, FedBN-style), ``lambda_da: 0`` (without
+DA); the deeper FAM and the FAM layer sets of Table VIII are model options (``variant``).
+
+Under ``local_bn`` the server never holds trained BatchNorm, so it cannot score anything. Evaluation is
+FedBN's: each client's test split is scored by that client's model (the averaged FAM with its own BN),
+and a set no client owns (the global target) by the mean of the clients' models' class probabilities,
+p(y | x) = (1/N) sum_i p_i(y | x) (an ensemble; the paper does not say, the table caption does).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,6 +105,17 @@ def domain_adversarial_loss(discriminator: nn.Module, source: torch.Tensor, targ
 
 
 class FAACLIP(DomainAdaptation):
+    def setup(self) -> None:
+        super().setup()
+        if self.params["local_bn"]:
+            self.personalized = True      # every client is scored with its own BatchNorm
+
+    def predict(self, dataset, client):
+        """Under ``local_bn`` a set no client owns (client None) gets the mean of the clients' models' probabilities."""
+        if client is None and self.params["local_bn"]:
+            return np.mean([super(FAACLIP, self).predict(dataset, c) for c in self.fed.clients], axis=0)
+        return super().predict(dataset, client)
+
     def build_model(self) -> nn.Module:
         fam = self.family.build()
         return FamWithDiscriminator(fam, DomainClassifier(self.family.dim, self.params.get("discriminator_hidden")))
