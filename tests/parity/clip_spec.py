@@ -227,3 +227,28 @@ def check_on_features(tmp_path, paper: str, method: str, step_loss, mask, *, pro
     assert_probs(driven, {key: scored(server, models, key, data.features, text) for key, data in eval_sets(fed).items()},
                  what)
     return driven, server, models
+
+
+def adaptation_step(mask, adaptation, lam: float, target_grad: bool = False):
+    """Both papers' local step (FACMIC ``--method ours``, FAA-CLIP its extension), for ``step_loss(text)``:
+
+        masked = mask(model, x)                          (FAM in training mode, differentiated)
+        L = 1/2 [CE(S, arange B) + CE(S^T, arange B)],  S = 100 n(masked) n(T_y)^T
+        masked_t = mask(model, x_t)                      (training mode again: BN statistics see the
+                                                          target; differentiated only if ``target_grad``)
+        L += lam * adaptation(model, masked, masked_t, x_t, y, text)
+
+    with x_t the client's next target batch; lam = 0 is the plain contrastive step (no target drawn)."""
+    def make(text):
+        def step(model, batch, ctx):
+            x, y = batch["x"], batch["y"]
+            masked = mask(model, x)
+            loss = contrastive_loss(masked, text[y], 100.0)
+            if lam == 0:
+                return loss
+            x_t = next(ctx.targets)["x"]
+            with torch.set_grad_enabled(target_grad):
+                masked_t = mask(model, x_t)
+            return loss + lam * adaptation(model, masked, masked_t, x_t, y, text)
+        return step
+    return make

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .clip_spec import check_on_features, contrastive_loss, predict_probs
+from .clip_spec import adaptation_step, check_on_features, predict_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,22 +52,13 @@ def domain_bce(discriminator, features, label: float):
     return F.binary_cross_entropy(p, torch.full_like(p, label))     # nn.BCELoss
 
 
+def adversarial(model, masked, masked_t, x_t, y, text):
+    s, t = F.normalize(masked, dim=-1), F.normalize(masked_t, dim=-1)
+    return 0.5 * (domain_bce(model.discriminator, s, 1.0) + domain_bce(model.discriminator, t, 0.0))
+
+
 def faa_step(lam):
-    def make(text):
-        def step(model, batch, ctx):
-            x, y = batch["x"], batch["y"]
-            masked = fam_mask(model, x)
-            loss = contrastive_loss(masked, text[y], 100.0)
-            if lam == 0:
-                return loss
-            x_t = next(ctx.targets)["x"]
-            with torch.no_grad():
-                masked_t = fam_mask(model, x_t)
-            s, t = F.normalize(masked, dim=-1), F.normalize(masked_t, dim=-1)
-            adv = 0.5 * (domain_bce(model.discriminator, s, 1.0) + domain_bce(model.discriminator, t, 0.0))
-            return loss + lam * adv
-        return step
-    return make
+    return adaptation_step(fam_mask, adversarial, lam)
 
 
 def fam_keys(model, with_bn=True, with_d=False):

@@ -31,7 +31,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .clip_spec import check_on_features, contrastive_loss
+from .clip_spec import adaptation_step, check_on_features
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,29 +86,24 @@ def lmmd_paper(source, target, labels, probs):
     return total / k
 
 
-def facmic_step(lmmd, lam, paper_targets=False):
-    def make(text):
-        def step(model, batch, ctx):
-            x, y = batch["x"], batch["y"]
-            masked = fam_mask(model, x)
-            loss = contrastive_loss(masked, text[y], 100.0)
-            if lam == 0:
-                return loss
-            x_t = next(ctx.targets)["x"]
-            with torch.set_grad_enabled(paper_targets):
-                masked_t = fam_mask(model, x_t)
-            q = torch.softmax(100.0 * F.normalize(masked_t.detach(), dim=-1) @ F.normalize(text, dim=-1).t(), dim=1)
-            target_side = masked_t if paper_targets else x_t
-            return loss + lam * lmmd(F.normalize(masked, dim=-1), F.normalize(target_side, dim=-1), y, q)
-        return step
-    return make
+def lmmd_against(lmmd, target: str):
+    """L_DA of a step: LMMD between n(masked source) and n(raw or masked target), q never differentiated."""
+    def adaptation(model, masked, masked_t, x_t, y, text):
+        q = torch.softmax(100.0 * F.normalize(masked_t.detach(), dim=-1) @ F.normalize(text, dim=-1).t(), dim=1)
+        target_side = masked_t if target == "masked" else x_t
+        return lmmd(F.normalize(masked, dim=-1), F.normalize(target_side, dim=-1), y, q)
+    return adaptation
+
+
+CODE = lmmd_against(lmmd_code, "raw")
+PAPER = lmmd_against(lmmd_paper, "masked")
 
 
 @pytest.mark.parametrize("variant, step", [
-    ("facmic", facmic_step(lmmd_code, 1.0)),                                 # the code's LMMD (default)
-    ("facmic_lmmd_paper", facmic_step(lmmd_paper, 1.0, paper_targets=True)),  # eq. 5-6 as the paper writes them
-    ("facmic_no_da", facmic_step(None, 0.0)),                                # Table 3: without L_DA
-    ("facmic_bs8", facmic_step(lmmd_code, 0.1)),                             # Table 4: L_DA x 1/10
+    ("facmic", adaptation_step(fam_mask, CODE, 1.0)),                                # the code's LMMD (default)
+    ("facmic_lmmd_paper", adaptation_step(fam_mask, PAPER, 1.0, target_grad=True)),  # eq. 5-6 as the paper writes them
+    ("facmic_no_da", adaptation_step(fam_mask, CODE, 0.0)),                          # Table 3: without L_DA
+    ("facmic_bs8", adaptation_step(fam_mask, CODE, 0.1)),                            # Table 4: L_DA x 1/10
 ])
 def test_facmic_round_matches_the_specification(variant, step, tmp_path):
     check_on_features(tmp_path, "facmic", variant, step, fam_mask, rounds=2)
