@@ -165,12 +165,13 @@ CLASSES = ["glioma", "meningioma", "none", "pituitary"]
 
 
 def check_full_clip(tmp_path, paper: str, method: str, step_loss, *, protocol: str | None = None, rounds: int = 1,
-                    steps: int = 2, clients=None, **loop) -> None:
-    """Drive ``method`` of ``paper`` (a full fine-tuning baseline) through the engine on the tiny CLIP and
-    four-class images, run :func:`code_rounds` with ``step_loss(tokens)`` from the same start, and compare
-    the server after ``rounds`` rounds and the probabilities of every eval set. The aggregation weights
-    are the paper's code's; ``clients(fed)`` replaces the participants (Centralized's pooled site);
-    ``loop`` passes ``anchor``, ``previous`` and ``gate``."""
+                    steps: int = 2, clients=None, keys=None, predict_scale=None, **loop) -> None:
+    """Drive ``method`` of ``paper`` (a CLIP baseline trained on images) through the engine on the tiny CLIP
+    and four-class images, run :func:`code_rounds` with ``step_loss(tokens)`` from the same start, and
+    compare the server after ``rounds`` rounds and the probabilities of every eval set (softmax of
+    ``predict_scale(server)`` x cos, default the code's fixed 100). The aggregation weights are the paper's
+    code's, over ``keys(model)`` (default: every entry); ``clients(fed)`` replaces the participants
+    (Centralized's pooled site); ``loop`` passes ``anchor``, ``previous`` and ``gate``."""
     from types import SimpleNamespace
 
     from .harness import assert_close, assert_probs, drive, eval_sets, image_federation, initial_server, paper_run, stacked
@@ -183,11 +184,13 @@ def check_full_clip(tmp_path, paper: str, method: str, step_loss, *, protocol: s
     tokens = class_tokens(run, CLASSES)
     sites = SimpleNamespace(clients=clients(fed)) if clients else fed
     weights = facmic_weights(sites, 4) if paper == "facmic" else faa_weights(sites)
-    server, _ = code_rounds(run, sites, start, step_loss(tokens), rounds=rounds, weights=weights, **loop)
+    server, _ = code_rounds(run, sites, start, step_loss(tokens), rounds=rounds, weights=weights,
+                            keys=keys(start) if keys else None, **loop)
     what = f"{paper} {method} ({driven.method.ctx.run['protocol']})"
     assert_close(driven.method.server.state_dict(), server.state_dict(), f"{what}: server after {rounds} round(s)")
-    assert_probs(driven, {key: clip_predict_probs(server, tokens, stacked(data)[0]) for key, data in eval_sets(fed).items()},
-                 what)
+    scale = predict_scale(server) if predict_scale else TEST_SCALE
+    assert_probs(driven, {key: clip_predict_probs(server, tokens, stacked(data)[0], scale)
+                          for key, data in eval_sets(fed).items()}, what)
 
 
 FEATURE_SIZES = (10, 13, 18)     # with B = 4: full batches 8, 12, 16 - FACMIC's weights differ from n_i
