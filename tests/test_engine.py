@@ -127,3 +127,37 @@ def test_selection_rules_on_a_known_history():
     assert tail["global"]["acc"] == pytest.approx(0.7)
     no_val, info = select(history.drop(columns=["val_mean/acc"]), "best_val", "acc", 2)
     assert info["rule"] == "last" and "no validation" in info["note"]
+
+
+def test_one_round_for_every_column_and_each_columns_best():
+    # FACMIC Table 5: the transferred model's column (external) comes from the round chosen on the source
+    # task (global), not from the round that is best on the external set itself
+    history = pd.DataFrame({
+        "round": [1, 2, 3], "eval_s": [0.1] * 3,
+        "global/acc": [0.5, 0.8, 0.6], "global/bacc": [0.4, 0.5, 0.7],
+        "external/acc": [0.9, 0.3, 0.4], "global/ece": [0.2, 0.3, 0.1],
+    })
+    per_column, _ = select(history, "best_test", "acc", 2)
+    assert per_column["external"]["acc"] == 0.9 and per_column["global"]["bacc"] == 0.7
+    one_round, info = select(history, "best_test_round", "acc", 2)
+    assert info["round"] == 2 and info["on"] == "global/acc"
+    assert one_round["external"]["acc"] == 0.3 and one_round["global"]["bacc"] == 0.5
+    on_bacc, info = select(history, "best_test_round", "acc", 2, round_on="global/bacc")
+    assert info["round"] == 3 and on_bacc["external"]["acc"] == 0.4
+    on_ece, info = select(history, "best_test_round", "acc", 2, round_on="global/ece")     # lower is better
+    assert info["round"] == 3
+
+
+def test_tracker_keeps_each_eval_sets_best_round_and_the_one_best_global_round():
+    from fedrepro.fl.engine import PredictionTracker
+
+    tracker = PredictionTracker("acc")
+    p = {r: np.full((2, 2), r, dtype=float) for r in (1, 2)}
+    y = np.array([0, 1])
+    tracker.update(1, {"global/acc": 0.5, "client0/acc": 0.9}, {"global": (p[1], y), "client0": (p[1], y)})
+    tracker.update(2, {"global/acc": 0.7, "client0/acc": 0.4}, {"global": (p[2], y), "client0": (p[2], y)})
+    # FAA-CLIP's code writes a client's curves when that client's accuracy improves
+    assert tracker.predictions["best_test"]["client0/round"] == 1 and tracker.predictions["best_test"]["global/round"] == 2
+    assert tracker.predictions["best_test"]["client0/probs"][0, 0] == 1
+    assert tracker.predictions["best_test_round"]["round"] == 2
+    assert tracker.predictions["best_test_round"]["client0/probs"][0, 0] == 2

@@ -33,7 +33,7 @@ from .models.families import build_family
 from .provenance import run_manifest
 from .seeding import configure_determinism
 
-SELECTION_RULES = ("last", "best_val", "best_test", "last_k_mean")
+SELECTION_RULES = ("last", "best_val", "best_test", "best_test_round", "last_k_mean")
 
 
 class InputMismatch(RuntimeError):

@@ -84,24 +84,36 @@ def evaluate_classification(method: FederatedMethod, fed: Federation, with_val: 
 
 
 class PredictionTracker:
-    """Keeps the predictions of the rounds a selection rule may pick: the last one, the best on
-    validation, and the best on the global test set (the latter only matters for the paper protocol)."""
+    """Keeps the predictions of the rounds a selection rule may pick: ``last``; ``best_val`` (the round
+    best on validation); and, for the paper protocol, ``best_test`` (each eval key's predictions at the
+    round where *that* key's metric is best: FAA-CLIP's code writes a client's ROC and decision-curve
+    arrays whenever that client's test accuracy improves) and ``best_test_round`` (every key at the one
+    round best on the global test set, ``global/<metric>``)."""
 
     def __init__(self, metric: str, val_key: str = "val_mean"):
         self.metric, self.val_key = metric, val_key
         self.sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
-        self.best = {"best_val": -np.inf, "best_test": -np.inf}
+        self.best = {"best_val": -np.inf, "best_test_round": -np.inf, "best_test": {}}
         self.predictions: dict[str, dict] = {}
+
+    def _better(self, value, best) -> bool:
+        return value is not None and not np.isnan(value) and self.sign * value > best
 
     def update(self, rnd: int, metrics: dict, preds: dict) -> None:
         packed = {"round": rnd, **{f"{k}/probs": p for k, (p, _) in preds.items()},
                   **{f"{k}/labels": y for k, (_, y) in preds.items()}}
         self.predictions["last"] = packed
-        for rule, key in (("best_val", f"{self.val_key}/{self.metric}"), ("best_test", f"global/{self.metric}")):
+        for rule, key in (("best_val", f"{self.val_key}/{self.metric}"), ("best_test_round", f"global/{self.metric}")):
             value = metrics.get(key)
-            if value is not None and not np.isnan(value) and self.sign * value > self.best[rule]:
+            if self._better(value, self.best[rule]):
                 self.best[rule] = self.sign * value
                 self.predictions[rule] = packed
+        per_key = self.predictions.setdefault("best_test", {})
+        for key, (probs, labels) in preds.items():
+            value = metrics.get(f"{key}/{self.metric}")
+            if self._better(value, self.best["best_test"].get(key, -np.inf)):
+                self.best["best_test"][key] = self.sign * value
+                per_key.update({f"{key}/probs": probs, f"{key}/labels": labels, f"{key}/round": rnd})
 
     def state_dict(self) -> dict:
         return {"best": self.best, "predictions": self.predictions}
@@ -189,8 +201,12 @@ def validation_key(selection: dict) -> str:
 
 
 def select(history: pd.DataFrame, rule: str, metric: str, k: int,
-           val_key: str = "val_mean") -> tuple[dict[str, dict[str, float]], dict]:
-    """-> (metrics per eval key under ``rule``, description of the choice)."""
+           val_key: str = "val_mean", round_on: str | None = None) -> tuple[dict[str, dict[str, float]], dict]:
+    """-> (metrics per eval key under ``rule``, description of the choice).
+
+    ``best_test`` takes each column's best value over rounds; ``best_test_round`` takes every column
+    from the one round best on ``round_on`` (``<eval>/<metric>``, default ``global/<metric>``), e.g. a
+    transferred model's column from the round selected on the source task."""
     evaluated = history.dropna(subset=["eval_s"]) if "eval_s" in history else history.iloc[0:0]
     if evaluated.empty:
         return {}, {"rule": rule, "note": "no evaluated round"}
@@ -210,6 +226,18 @@ def select(history: pd.DataFrame, rule: str, metric: str, k: int,
     if rule == "last":
         row = evaluated.iloc[-1]
         info.update(rule="last", round=int(row["round"]))
+        return _nest(row[columns]), info
+    if rule == "best_test_round":
+        key = round_on or f"global/{metric}"
+        info.update(on=key, note="one round, the best on the test set itself (paper protocol), for every column")
+        if key not in evaluated or evaluated[key].isna().all():
+            info["note"] = f"no {key} in the history: no round to choose"
+            return {}, info
+        name = key.split("/", 1)[1]
+        values = evaluated[key].to_numpy(dtype=float)
+        pos = int(np.nanargmin(values) if name in LOWER_IS_BETTER else np.nanargmax(values))
+        row = evaluated.iloc[pos]
+        info["round"] = int(row["round"])
         return _nest(row[columns]), info
     if rule == "best_test":
         # what the authors reported: each column's best value over rounds, picked on the test data itself

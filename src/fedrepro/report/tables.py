@@ -71,6 +71,23 @@ def read_published(path: Path | None) -> dict[tuple[str, str], float]:
     return out
 
 
+def one_round(metrics: dict, folder: Path, selection: dict | None) -> dict:
+    """A run's metrics as the table reads them. A run selected on the test set (paper protocol: each
+    column's best over rounds) is re-read at one round for every column when the table says
+    ``selection: {rule: one_round, eval, metric}``: the round best on that eval set and metric (from
+    history.csv), e.g. a transferred model's column from the round selected on the source task."""
+    if not selection or selection.get("rule", "per_column") != "one_round" or metrics["selection"]["rule"] != "best_test":
+        return metrics
+    from ..fl.engine import select
+
+    key = f"{selection.get('eval', 'global')}/{selection.get('metric', 'acc')}"
+    chosen, info = select(pd.read_csv(folder / "history.csv"), "best_test_round", selection.get("metric", "acc"), 1,
+                          round_on=key)
+    if not chosen:
+        raise KeyError(f"{folder}: table selection one_round on {key}, but {info['note']}")
+    return {**metrics, "eval": chosen, "selection": {**info, "rule": "best_test_round"}}
+
+
 def build_table(project: Project, paper: str, table: str, runs_root: str | Path = "results/runs",
                 published_root: str | Path = "config/published") -> TableResult:
     spec = project.papers[paper]["tables"][table]
@@ -95,7 +112,8 @@ def build_table(project: Project, paper: str, table: str, runs_root: str | Path 
                     metrics = read_json(downstream_path(paper, cell["setting"], cell["method"], seed, cell["task"],
                                                         Path(runs_root).parent / "downstream"))
                 else:
-                    metrics = read_json(run_dir(paper, cell["setting"], cell["method"], seed, runs_root) / "metrics.json")
+                    folder = run_dir(paper, cell["setting"], cell["method"], seed, runs_root)
+                    metrics = one_round(read_json(folder / "metrics.json"), folder, spec.get("selection"))
                 protocols.add(metrics["run"]["protocol"])
                 rules.add(metrics["selection"]["rule"])
                 values.setdefault(col["label"], {})[seed] = metric_value(metrics, cell["eval"], cell["metric"]) * cell["scale"]
@@ -129,8 +147,13 @@ def make_caption(spec: dict, table: str, project: Project, protocols: set, rules
     if protocols:
         parts.append(f"Protocol: {', '.join(sorted(protocols))}.")
     if rules:
+        on = spec.get("selection") or {}
         described = {"best_val": "best validation round", "last": "last round",
-                     "best_test": "best test score over rounds (selected on the test set, as the paper did)",
+                     "best_test": "best test score over rounds, each column its own best (selected on the test set, "
+                                  "as the paper's code did)",
+                     "best_test_round": f"best test score over rounds: one round per run, the one with the best "
+                                        f"{on.get('eval', 'global')} {on.get('metric', 'acc')}, for every column "
+                                        f"(selected on the test set)",
                      "last_k_mean": "mean of the last rounds"}
         parts.append("Model selection: " + "; ".join(described.get(r, r) for r in sorted(rules)) + ".")
     if Path(project.config["paper_dir"]).name == "demo":
