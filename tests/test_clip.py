@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedrepro.config import ConfigError, catalog, load_project, validate
+from fedrepro.config import ConfigError, RunKey, catalog, load_project, validate
 from fedrepro.fl.comm import CommLedger
 from fedrepro.fl.federation import ClientData, FeatureSet, Federation
 from fedrepro.fl.method import MethodContext
@@ -418,13 +418,25 @@ def test_cached_features_and_the_uncached_encoder_give_the_same_facmic_round(dem
     assert torch.allclose(image_family.image_features(batch), feats.clients[0].train.features[:8], atol=1e-5)
     assert torch.allclose(image_family.text, feats.extras["text_features"], atol=1e-5)
 
-    results = []
-    for fed, family in ((feats, "clip_fam"), (images, "clip_fam_images")):
-        method = _method("facmic", family=family, model={"encoder": dict(TINY)}, fed=fed, weights="train_size")
-        updates = _round(method)
-        results.append((updates[0].stats["loss"], method.server.state_dict()["attention.0.weight"]))
-    assert results[0][0] == pytest.approx(results[1][0], rel=1e-4)
-    assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
+    for name, cached, uncached in (("facmic", "clip_fam", "clip_fam_images"), ("fedclip", "clip_adapter", "clip_adapter_images")):
+        results = []
+        for fed, family in ((feats, cached), (images, uncached)):
+            method = _method(name, family=family, model={"encoder": dict(TINY)}, fed=fed, weights="train_size")
+            updates = _round(method)
+            results.append((updates[0].stats["loss"], method.server.state_dict()["attention.0.weight"]))
+        assert results[0][0] == pytest.approx(results[1][0], rel=1e-4), name
+        assert torch.allclose(results[0][1], results[1][1], atol=1e-5), name
+
+
+def test_faa_clip_table2_times_every_method_on_its_image_path():
+    # the paper's minutes per round include CLIP's forward on every batch; runs on cached features leave it out
+    project = load_project([REPO / "config/config.yaml"], root=REPO)
+    for setting, method in project.table_cells("faa_clip", "table2"):
+        run = project.run_config(RunKey("faa_clip", setting, method, 0))
+        assert run["input"] == "images", (setting, method, run["train"]["model"]["family"])
+    families = {project.run_config(RunKey("faa_clip", "sc", m, 0))["train"]["model"]["family"]
+                for m in ("fedclip_images", "faa_clip_images")}
+    assert families == {"clip_adapter_images", "clip_fam_images"}
 
 
 def test_demo_configs_end_to_end(demo_data, monkeypatch):

@@ -18,10 +18,10 @@ Two families train the same FAM:
 
 - ``clip_fam`` (input: cached features): CLIP's image features are computed once per image by the
   feature-cache rule. With the papers' deterministic preprocessing this is exactly what the authors'
-  code computes by re-encoding every batch (spec §8), at a fraction of the cost.
+  code computes by re-encoding every batch, at a fraction of the cost.
 - ``clip_fam_images`` (input: images): the authors' code path, the frozen encoder runs on every
   batch. Same model, same numbers (up to float rounding); kept to check that equivalence and to time
-  it (benchmarks/facmic_cache.py).
+  it (benchmarks/facmic_cache.py, FAA-CLIP Table II).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .families import ClipOnFeatures, Output
+from .families import ClipOnFeatures, ClipOnImages
 
 FAM_VARIANTS: dict[str, tuple[str, ...]] = {
     "fea1": ("linear", "softmax"),
@@ -80,40 +80,6 @@ class FamOnFeatures(ClipOnFeatures):
     def build(self) -> nn.Module:
         return FeatureAttention(self.dim, self.cfg.get("hidden"), self.cfg["variant"], self.cfg["negative_slope"])
 
-    def image_features(self, batch: dict) -> torch.Tensor:
-        """The frozen CLIP image features I of a batch (what the FAM masks)."""
-        return batch["x"]
 
-    def forward(self, model: nn.Module, batch: dict) -> Output:
-        return self.output_from(model(self.image_features(batch)), batch)
-
-
-class FamOnImages(FamOnFeatures):
+class FamOnImages(ClipOnImages, FamOnFeatures):
     """FAM with the frozen CLIP encoder run on every batch of images, as the authors' code does."""
-
-    input_kind = "images"
-
-    def __init__(self, cfg, class_names, extras):
-        from ..features import encode_prompts
-        from .clip_tuning import frozen_clip
-
-        encoder = cfg["encoder"]
-        self.encoder, self.preprocess, tokenizer = frozen_clip(encoder)
-        text = encode_prompts(self.encoder, tokenizer, encoder["prompt"], class_names, "cpu")
-        super().__init__(cfg, class_names, {**extras, "text_features": text})
-
-    def to(self, device):
-        self.encoder = self.encoder.to(device)
-        return super().to(device)
-
-    @torch.no_grad()
-    def image_features(self, batch: dict) -> torch.Tensor:
-        return self.encoder.encode_image(batch["x"]).float()
-
-    def eval_transform(self):
-        from .encoders import encoder_transform
-
-        return encoder_transform(self.cfg["encoder"], self.encoder, self.preprocess)
-
-    def train_transform(self):
-        return self.eval_transform()   # deterministic, as in both papers' code (no augmentation)
