@@ -2,7 +2,7 @@
 
 For methods that train only small modules on top of a frozen CLIP image encoder with deterministic
 preprocessing (FACMIC, FAA-CLIP, FedCLIP), encoding each image once is exactly what re-encoding it
-every batch computes (spec §8). The cache is keyed by the encoder (name, weights, preprocessing,
+every batch computes (docs/papers/facmic.md). The cache is keyed by the encoder (name, weights, preprocessing,
 prompt) and also holds the text features of every class prompt. Unreadable images never get here:
 the prepare step decodes every image once and stops (or drops and reports them).
 """

@@ -1,5 +1,5 @@
 """FACMIC (Wu, Wang, Ben Ayed, Desrosiers, Chaves, "FACMIC: Federated Adaptative CLIP Model for
-Medical Image Classification", MICCAI 2024; spec §1).
+Medical Image Classification", MICCAI 2024; paper text vs code: docs/papers/facmic.md).
 
 Each client trains a feature attention module a_i on frozen CLIP image features (:mod:`fedrepro.models.fam`)
 with two losses:
@@ -14,10 +14,11 @@ with two losses:
       w^s_ic = 1(y_i = c) / sum_j 1(y_j = c),
 
 and L = L_contr + lambda L_DA (eq. 7, lambda = 1; Table 4 scales it by 1/10 for batches of 4 and 8).
-The server averages the FAMs weighted by client training-set size (eq. 8; the code weighs by the number
-of full batches x 32, nearly the same; BN running statistics are averaged too, as in the code).
+The server averages the FAMs weighted by client training-set size (eq. 8; the code, and so the FACMIC
+configs with ``aggregation.weights: full_batches``, weigh by the samples in full batches, (n_i // B) x B;
+BN running statistics are averaged too, as in the code).
 
-Where the paper and the authors' code disagree (spec §1.1), each choice is a parameter (``lmmd``); the
+Where the paper and the authors' code disagree, each choice is a parameter (``lmmd``); the
 defaults follow the **code**, because the published numbers come from it:
 
 =====================  ==========================================  =====================================
@@ -25,6 +26,8 @@ parameter              authors' code (default)                     paper text
 =====================  ==========================================  =====================================
 ``kernels``            5 Gaussians, bandwidths (b/4) * 2^m, m=0..4  1 Gaussian
 ``bandwidth``          b = mean pairwise squared distance           b = median pairwise squared distance
+                                                                    (of an even count: the mean of the
+                                                                    two middle values)
 ``pseudo_labels``      soft: w^t_jc = q_jc / sum_j q_jc             hard: one-hot argmax q_j, normalised
 ``classes``            C = classes in the source labels and in      C = all K classes (1/K; an empty
                        the target argmax                            class contributes its other side)
