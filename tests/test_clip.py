@@ -239,6 +239,15 @@ def test_facmic_round_weights_clients_by_size_and_needs_a_target_set():
         _method("facmic", family="clip_adapter")
 
 
+def test_full_batch_weights_count_the_samples_each_client_trains_on():
+    from fedrepro.fl.method import ClientUpdate
+
+    method = _method("facmic", weights="full_batches")                       # batch size 4
+    updates = [ClientUpdate(f"c{i}", {}, n) for i, n in enumerate((3, 10, 13))]
+    # FACMIC's code: len(drop_last loader) x B; a client below one batch trains on its partial batch
+    assert method.aggregation_weights(updates) == [3.0, 8.0, 12.0]
+
+
 def test_facmic_lmmd_moves_the_loss_and_the_paper_variant_runs():
     base = _method("facmic", params={"lambda_da": 0})
     with_da = _method("facmic")

@@ -174,16 +174,14 @@ class ModelAveraging(FederatedMethod):
 
     def aggregation_weights(self, updates: list[ClientUpdate]) -> list[float]:
         """``train.aggregation.weights``: train_size = n_i, uniform = 1, full_batches = (n_i // B) * B
-        (the samples of the client's full batches: FACMIC's code weighs by len(loader) x batch size)."""
+        (the samples of the client's full batches: FACMIC's code weighs by len(drop_last loader) x batch
+        size; a client smaller than one batch, which the loader gives its one partial batch, weighs n_i)."""
         rule = self.ctx.train["aggregation"]["weights"]
         if rule == "uniform":
             return [1.0] * len(updates)
         if rule == "full_batches":
             size = self.ctx.train["batch_size"]
-            weights = [float(u.num_examples // size * size) for u in updates]
-            if not any(weights):
-                raise ValueError(f"aggregation.weights: full_batches, but no client has a full batch of {size}")
-            return weights
+            return [float(u.num_examples // size * size if u.num_examples >= size else u.num_examples) for u in updates]
         return [float(u.num_examples) for u in updates]
 
     def trainable_parameters(self, model: nn.Module):
