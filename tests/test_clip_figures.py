@@ -103,7 +103,7 @@ def _write_run(root: Path, setting: str, method: str, seed: int, rng) -> dict:
         arrays[f"last:{key}/probs"], arrays[f"last:{key}/labels"] = probs, labels
         evals[key] = M.classification_metrics(labels, probs)
     np.savez_compressed(out / "predictions.npz", **arrays)
-    (out / "metrics.json").write_text(json.dumps({"eval": evals, "run": {"seed": seed}}))
+    (out / "metrics.json").write_text(json.dumps({"eval": evals, "run": {"seed": seed}, "selection": {"rule": "best_test"}}))
     pd.DataFrame({"round": [1, 2], **{f"{k}/acc": [0.1, evals[k]["acc"]] for k in EVALS}}).to_csv(out / "history.csv", index=False)
     return evals
 
@@ -135,6 +135,15 @@ def tiny(tmp_path_factory):
             path.parent.mkdir(parents=True, exist_ok=True)
             frame.to_csv(path, index=False)
     return project, root, evals, counts
+
+
+def test_curve_figures_say_which_round_their_predictions_come_from(tiny, monkeypatch):
+    from fedrepro.report.clip_figures import _rounds_note
+
+    project, root, _, _ = tiny
+    monkeypatch.chdir(root)
+    spec = {"settings": ["iid"], "methods": ["fedavg", "fedclip"]}
+    assert _rounds_note(project, P, spec) == "predictions: each eval set at its best test round"
 
 
 def _fashion_classes():

@@ -112,6 +112,17 @@ def _seeds_note(project: Project) -> str:
     return f"{len(project.config['seeds'])} seeds"
 
 
+ROUND_RULES = {"best_test": "each eval set at its best test round", "best_val": "best validation round",
+               "last": "last round", "best_test_round": "the round best on the global test set"}
+
+
+def _rounds_note(project: Project, paper: str, spec: dict) -> str:
+    """Which round the curves' predictions come from (the runs' selection rule), for the figure's subtitle."""
+    rules = sorted({read_json(_require(run_dir(paper, s, m, seed) / "metrics.json")).get("selection", {}).get("rule", "?")
+                    for s in spec["settings"] for m in spec["methods"] for seed in project.config["seeds"]})
+    return "predictions: " + "; ".join(ROUND_RULES.get(r, r) for r in rules)
+
+
 # --------------------------------------------------------------------------------------------
 # radar (kite) plot of the split
 
@@ -217,7 +228,8 @@ def roc(project: Project, paper: str, name: str, spec: dict, out_png: Path) -> N
         ax.set_ylabel("true positive rate (macro)")
         ax.set_title(_panel_title(project, paper, setting, eval_key))
         ax.legend(fontsize=6, loc="lower right")
-    _finish(fig, plt, spec, name, f"macro one-vs-rest, mean over {_seeds_note(project)}", out_png)
+    _finish(fig, plt, spec, name, f"macro one-vs-rest, mean over {_seeds_note(project)}; {_rounds_note(project, paper, spec)}",
+            out_png)
 
 
 def dca(project: Project, paper: str, name: str, spec: dict, out_png: Path) -> None:
@@ -247,7 +259,8 @@ def dca(project: Project, paper: str, name: str, spec: dict, out_png: Path) -> N
         ax.set_xlabel("threshold probability")
         ax.set_ylabel("net benefit (class mean)")
         ax.set_title(_panel_title(project, paper, setting, eval_key))
-    _finish(fig, plt, spec, name, f"one-vs-rest, mean over {_seeds_note(project)}", out_png, legend_ax=axes[0])
+    _finish(fig, plt, spec, name, f"one-vs-rest, mean over {_seeds_note(project)}; {_rounds_note(project, paper, spec)}",
+            out_png, legend_ax=axes[0])
 
 
 def reliability(project: Project, paper: str, name: str, spec: dict, out_png: Path) -> None:
@@ -277,4 +290,5 @@ def reliability(project: Project, paper: str, name: str, spec: dict, out_png: Pa
         spread = "" if math.isnan(ece["std"]) else f" ± {100 * ece['std']:.2f}"
         ax.set_title(f"{method_label(project, paper, method)}, {setting_label(project, paper, setting)} — {eval_key}\n"
                      f"ECE {100 * ece['mean']:.2f}{spread} %", fontsize=8)
-    _finish(fig, plt, spec, name, f"{n_bins} equal-width bins, {_seeds_note(project)} pooled", out_png, legend_ax=axes[0])
+    _finish(fig, plt, spec, name, f"{n_bins} equal-width bins, {_seeds_note(project)} pooled; "
+            f"{_rounds_note(project, paper, spec)}", out_png, legend_ax=axes[0])
