@@ -161,3 +161,14 @@ def test_tracker_keeps_each_eval_sets_best_round_and_the_one_best_global_round()
     assert tracker.predictions["best_test"]["client0/probs"][0, 0] == 1
     assert tracker.predictions["best_test_round"]["round"] == 2
     assert tracker.predictions["best_test_round"]["client0/probs"][0, 0] == 2
+
+
+def test_tracker_resumes_from_a_checkpoint_without_per_key_bests():
+    from fedrepro.fl.engine import PredictionTracker
+
+    old = {"best": {"best_val": 0.5, "best_test": 0.7}, "predictions": {"best_test": {"round": 3, "global/probs": np.ones((1, 2))}}}
+    tracker = PredictionTracker("acc")
+    tracker.load_state_dict(old)
+    assert tracker.best["best_test_round"] == 0.7 and tracker.predictions["best_test_round"]["round"] == 3
+    tracker.update(4, {"global/acc": 0.6}, {"global": (np.zeros((1, 2)), np.array([0]))})
+    assert tracker.predictions["best_test"]["global/round"] == 4 and tracker.predictions["best_test_round"]["round"] == 3

@@ -120,6 +120,11 @@ class PredictionTracker:
 
     def load_state_dict(self, state: dict) -> None:
         self.best, self.predictions = state["best"], state["predictions"]
+        if not isinstance(self.best.get("best_test"), dict):     # a checkpoint written before per-key tracking
+            self.best = {"best_val": self.best.get("best_val", -np.inf), "best_test_round": self.best.get("best_test", -np.inf),
+                         "best_test": {}}
+            self.predictions = {k: v for k, v in self.predictions.items() if k != "best_test"} | (
+                {"best_test_round": self.predictions["best_test"]} if "best_test" in self.predictions else {})
 
 
 def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: Path,
