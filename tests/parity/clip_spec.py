@@ -28,10 +28,14 @@ def contrastive_logits(image: torch.Tensor, text: torch.Tensor, scale) -> torch.
     return scale * F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).t()
 
 
-def contrastive_loss(image: torch.Tensor, text: torch.Tensor, scale) -> torch.Tensor:
-    logits = contrastive_logits(image, text, scale)
-    target = torch.arange(len(image))
+def symmetric_ce(logits: torch.Tensor) -> torch.Tensor:
+    """1/2 [CE(logits, arange B) + CE(logits^T, arange B)]: sample j's positive is column j."""
+    target = torch.arange(len(logits))
     return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
+
+
+def contrastive_loss(image: torch.Tensor, text: torch.Tensor, scale) -> torch.Tensor:
+    return symmetric_ce(contrastive_logits(image, text, scale))
 
 
 def clip_logits(clip, tokens: torch.Tensor, x: torch.Tensor, y: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
@@ -51,9 +55,7 @@ def clip_logits(clip, tokens: torch.Tensor, x: torch.Tensor, y: torch.Tensor, im
 
 def clip_loss(clip, tokens: torch.Tensor, x: torch.Tensor, y: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
     """FedAvg's (and every full fine-tuning baseline's) local loss: the contrastive loss of :func:`clip_logits`."""
-    logits = clip_logits(clip, tokens, x, y, image)
-    target = torch.arange(len(logits))
-    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
+    return symmetric_ce(clip_logits(clip, tokens, x, y, image))
 
 
 def predict_probs(image: torch.Tensor, class_text: torch.Tensor, scale=TEST_SCALE) -> torch.Tensor:
@@ -87,14 +89,6 @@ def average(states: list[dict], weights: list[float], keys=None) -> dict[str, to
     w = w / w.sum()
     keys = [k for k in (keys or states[0]) if states[0][k].is_floating_point()]
     return {k: torch.tensordot(w, torch.stack([s[k].double() for s in states]), dims=1) for k in keys}
-
-
-def with_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
-    """A copy of ``model`` holding ``state`` (the entries given; the rest as they were)."""
-    out = copy.deepcopy(model)
-    current = out.state_dict()
-    out.load_state_dict({k: state[k].to(v.dtype) if k in state else v for k, v in current.items()})
-    return out
 
 
 def class_tokens(run: dict, class_names: list[str]) -> torch.Tensor:
