@@ -17,7 +17,8 @@ never leaves the client. Predictions: softmax(100 n(I*) n(T_c)^T) with the serve
 Variants (Table VII/VIII): ``faa_shared_d`` averages D like the FAM; ``faa_local_bn`` (w/o shared BN)
 keeps the FAM's BatchNorm on each client (FedBN) - each client's test split is scored by its own model,
 the global set by the mean of the clients' models' probabilities; ``faa_deeper`` is the 8-layer FAM
-(same step); ``faa_no_da`` drops L_adv (no target batches, D untouched).
+(same step), ``faa_fea1`` the FAM without BatchNorm (Table VIII); ``faa_no_da`` drops L_adv (no target
+batches, D untouched).
 """
 
 import numpy as np
@@ -80,6 +81,7 @@ def own_bn_scores(server, models, key, x, text):
     ("faa_shared_d", LAMBDA, lambda m: fam_keys(m, with_d=True)),
     ("faa_local_bn", LAMBDA, lambda m: fam_keys(m, with_bn=False)),
     ("faa_deeper", LAMBDA, fam_keys),
+    ("faa_fea1", LAMBDA, fam_keys),             # Table VIII: Linear + Softmax, no BatchNorm
     ("faa_no_da", 0.0, fam_keys),
 ])
 def test_faa_clip_rounds_match_the_code(variant, lam, keys, tmp_path):
