@@ -54,6 +54,7 @@ import copy
 
 import torch
 
+from ..data.images import with_transform
 from ..fl.local import batches
 from ..fl.method import ModelAveraging, weighted_average
 from ..models.protoadapter import push_prototypes
@@ -101,15 +102,6 @@ def client_weights(rule: str, num_examples: list[int], steps: list[int]) -> list
     if rule not in per_client:
         raise ValueError(f"unknown aggregation weights {rule!r}; allowed: {sorted(per_client)}")
     return [per_client[rule](n, t) for n, t in zip(num_examples, steps)]
-
-
-def with_transform(dataset, transform):
-    """A view of an image dataset with another transform (the push reads training images un-augmented)."""
-    if not hasattr(dataset, "transform"):
-        return dataset
-    view = copy.copy(dataset)
-    view.transform = transform
-    return view
 
 
 class FedAdapterProto(ModelAveraging):
