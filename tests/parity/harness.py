@@ -272,7 +272,7 @@ def mean_state(states: list[dict], weights, keys=None) -> dict:
     w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
     w = w / w.sum()
     keys = [k for k in (keys or states[0]) if states[0][k].is_floating_point()]
-    return {k: sum(wi * s[k].double() for wi, s in zip(w, states)) for k in keys}
+    return {k: torch.tensordot(w, torch.stack([s[k].double() for s in states]), dims=1) for k in keys}
 
 
 def floating(state: dict, keys=None) -> dict:
@@ -285,3 +285,30 @@ def probabilities(scores, dataset) -> torch.Tensor:
     """softmax of ``scores(x)`` (B x C class scores, the model in eval mode) over the whole dataset, in order."""
     x = torch.stack([dataset[i]["x"] for i in range(len(dataset))])
     return torch.softmax(scores(x).float(), dim=1)
+
+
+def without_class(dataset: TensorImages, label: int) -> TensorImages:
+    """The dataset without its items of class ``label`` (a client that lacks a class)."""
+    keep = np.flatnonzero(dataset.labels != label)
+    extra = {k: [v[i] for i in keep] for k, v in dataset.extra.items()}
+    return TensorImages(dataset.images[keep], dataset.labels[keep], dataset.rows[keep], extra, dataset.transform)
+
+
+def initial_method(run: dict, fed: Federation) -> FederatedMethod:
+    """The method as a run sets it up before round 0 (for server-side state a run starts from, e.g.
+    CReFF's initial federated features): read its initial state, never drive it."""
+    method = load_class(run["impl"]["method"])(context(run, fed))
+    method.setup()
+    return method
+
+
+def seed_server(run: dict, rnd: int) -> None:
+    """What the engine does before the server aggregates round ``rnd`` (fresh server-side inits draw from it)."""
+    seed_global(run["seed"], "server", rnd)
+
+
+def torch_generator_for(run: dict, purpose: str, *keys):
+    """The run's keyed torch generator for (purpose, keys) - the stream a method draws a shuffle from."""
+    from fedrepro.seeding import torch_generator
+
+    return torch_generator(run["seed"], purpose, *keys)

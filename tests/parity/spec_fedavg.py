@@ -31,19 +31,25 @@ def local_models(run, fed, server, loss, rnd: int, opt: dict, start=None):
     return models, steps
 
 
+def averaged(server, states: list[dict], weights):
+    """A copy of ``server`` holding sum_k w_k state_k / sum_k w_k (floating-point entries)."""
+    new = copy.deepcopy(server)
+    new.load_state_dict({k: v.float() for k, v in mean_state(states, weights).items()}, strict=False)
+    return new
+
+
 def fedavg_round(run, fed, server, loss, rnd: int, opt: dict, weights: str = "train_size"):
     """-> (the new global model, the clients' models after local training, their local steps)."""
     models, steps = local_models(run, fed, server, loss, rnd, opt)
     sizes = train_sizes(fed) if weights == "train_size" else [1.0] * len(fed.clients)
-    new = copy.deepcopy(server)
-    new.load_state_dict({k: v.float() for k, v in mean_state([m.state_dict() for m in models], sizes).items()},
-                        strict=False)
-    return new, models, steps
+    return averaged(server, [m.state_dict() for m in models], sizes), models, steps
 
 
-def check_global(driven, fed, server, scores, what="global") -> None:
-    """The server's floating-point state and its probabilities on the global test set."""
-    assert_close(floating(driven.method.server.state_dict()), floating(server.state_dict()), f"{what} model")
+def check_global(driven, fed, server, scores, what="global", held=None) -> None:
+    """The server's floating-point state (or ``held``'s, the model the method evaluates) and its
+    probabilities on the global test set."""
+    held = driven.method.server if held is None else held
+    assert_close(floating(held.state_dict()), floating(server.state_dict()), f"{what} model")
     model = server.eval()
     assert_close(driven.probs("global"), probabilities(lambda x: scores(model, x), fed.global_test), f"{what} probs")
 
