@@ -113,7 +113,8 @@ def reference_rounds(run, fed, server, rounds: int, *, mu: float = MU, paper_tex
 
 
 def check(driven, fed, server, models) -> None:
-    """Server adapters/head, every client's model and its probabilities on the global and its own test data."""
+    """Server adapters/head, every client's model and its probabilities on the global test set and on
+    its own test and validation parts."""
     shared = [k for k in server if k.startswith((ADAPTERS, HEAD))]
     assert_close(floating(driven.method.server.state_dict(), shared), floating(server, shared), "server")
     for client in fed.clients:
@@ -121,8 +122,9 @@ def check(driven, fed, server, models) -> None:
         held = driven.method.model_for(client).state_dict()
         assert_close(floating(held), floating(model.state_dict()), f"{client.name} model")
         scores = lambda x, m=model: m(x)["logits"]  # noqa: E731
-        assert_close(driven.probs(f"{client.name}@global"), probabilities(scores, fed.global_test), f"{client.name}@global")
-        assert_close(driven.probs(client.name), probabilities(scores, client.test), f"{client.name} test")
+        for key, data in ((f"{client.name}@global", fed.global_test), (client.name, client.test),
+                          (f"{client.name}.val", client.val)):
+            assert_close(driven.probs(key), probabilities(scores, data), key)
 
 
 def tensors_as_they_are(monkeypatch) -> None:

@@ -52,6 +52,10 @@ def check_global(driven, fed, server, scores, what="global", held=None) -> None:
     assert_close(floating(held.state_dict()), floating(server.state_dict()), f"{what} model")
     model = server.eval()
     assert_close(driven.probs("global"), probabilities(lambda x: scores(model, x), fed.global_test), f"{what} probs")
+    if not driven.method.personalized:         # every client's validation part, with the same model
+        for client in fed.clients:
+            assert_close(driven.probs(f"{client.name}.val"), probabilities(lambda x: scores(model, x), client.val),
+                         f"{client.name}.val probs")
 
 
 def check_local_models(driven, fed, models, scores) -> None:
@@ -59,5 +63,5 @@ def check_local_models(driven, fed, models, scores) -> None:
     for client, local in zip(fed.clients, models):
         local.eval()
         assert_close(floating(driven.method.model_for(client).state_dict()), floating(local.state_dict()), client.name)
-        assert_close(driven.probs(f"{client.name}@global"), probabilities(lambda x: scores(local, x), fed.global_test),
-                     f"{client.name}@global")
+        for key, data in ((f"{client.name}@global", fed.global_test), (f"{client.name}.val", client.val)):
+            assert_close(driven.probs(key), probabilities(lambda x: scores(local, x), data), key)
