@@ -31,8 +31,8 @@ from fedrepro.methods.fedadapterproto import (adapter_penalty, client_weights, c
                                               wrong_class_l1)
 from fedrepro.methods.fednova import fednova_update, normalising_factor
 from fedrepro.methods.fedproto import aggregate_prototypes, prototype_regulariser
-from fedrepro.models.protoadapter import (BottleneckAdapter, class_identity, distance_to_similarity, last_layer_init,
-                                          prototype_distances)
+from fedrepro.models.protoadapter import (BottleneckAdapter, PrototypeHead, class_identity, distance_to_similarity,
+                                          last_layer_init, prototype_distances)
 from fedrepro.report.proto_figures import high_activation_box
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +76,10 @@ def test_class_identity_and_last_layer_init():
     identity = class_identity(num_classes=2, per_class=2)
     assert identity.tolist() == [[1, 0], [1, 0], [0, 1], [0, 1]]
     assert last_layer_init(identity).tolist() == [[1.0, 1.0, -0.5, -0.5], [-0.5, -0.5, 1.0, 1.0]]
+    torch.manual_seed(0)
+    head = PrototypeHead(8, num_classes=2, per_class=2, dim=4)
+    assert torch.equal(head.last_layer.weight, last_layer_init(identity))
+    assert head.last_layer.bias.abs().min() > 0      # torch's default init: the code never zeroes the bias
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,6 +95,10 @@ def test_cluster_and_separation_costs():
     # sample 0 (class 0): own {0.5, 2} -> 0.5, other {3, 1} -> 1;  sample 1 (class 1): own {6, 8} -> 6, other {4, .25} -> .25
     assert cluster_cost(MIN_D, LABELS, IDENTITY).item() == pytest.approx((0.5 + 6) / 2)
     assert separation_cost(MIN_D, LABELS, IDENTITY).item() == pytest.approx((1 + 0.25) / 2)
+    # the code's max-distance trick: the same below max_dist; max_dist where every candidate exceeds it
+    assert cluster_cost(MIN_D, LABELS, IDENTITY, max_dist=16.0).item() == pytest.approx((0.5 + 6) / 2)
+    assert cluster_cost(MIN_D, LABELS, IDENTITY, max_dist=5.0).item() == pytest.approx((0.5 + 5) / 2)
+    assert separation_cost(MIN_D, LABELS, IDENTITY, max_dist=0.5).item() == pytest.approx((0.5 + 0.25) / 2)
 
 
 def test_wrong_class_l1_counts_only_wrong_connections():
@@ -198,11 +206,13 @@ def test_fedadapterproto_aggregation_weights(demo_project):
     m, _ = tiny_method(demo_project, "fedadapterproto")     # adapters: steps x size, prototype layer: uniform
     state = m.server.state_dict()
     payload = lambda a, h: {k: torch.full_like(state[k], a if k.startswith("adapters.") else h) for k in m.shared}  # noqa: E731
-    updates = [ClientUpdate("client0", payload(1.0, 0.0), 10, {"steps": 1}),
-               ClientUpdate("client1", payload(3.0, 4.0), 30, {"steps": 2})]
+    updates = [ClientUpdate("client0", payload(1.0, 0.0), 12, {"steps": 1}),
+               ClientUpdate("client1", payload(3.0, 4.0), 6, {"steps": 2})]
     m.aggregate(updates, 0)
     new = m.server.state_dict()
-    assert torch.allclose(new["adapters.0.down.weight"], torch.full_like(new["adapters.0.down.weight"], (10 * 1 + 60 * 3) / 70))
+    # n_i = the client's whole share, train + validation (12 + 2 and 6 + 2), as the code's site sizes
+    expected = (14 * 1 * 1 + 8 * 2 * 3) / (14 * 1 + 8 * 2)
+    assert torch.allclose(new["adapters.0.down.weight"], torch.full_like(new["adapters.0.down.weight"], expected))
     assert torch.allclose(new["head.prototypes"], torch.full_like(new["head.prototypes"], 2.0))
 
 
@@ -224,12 +234,19 @@ def test_client_start_local_vs_global_and_proximal_anchor(demo_project):
     assert torch.equal(m.anchor["head.prototypes"], message["head.prototypes"])
 
 
-def test_push_makes_prototypes_training_patches(demo_project):
+def test_push_changes_a_copy_for_the_figures_not_the_evaluated_model(demo_project):
     m, fed = tiny_method(demo_project, "fedadapterproto", rounds=1)
     c = fed.clients[0]
-    m.local_update(c, m.broadcast(0), 0)                  # the last round: push after local training
+    m.local_update(c, m.broadcast(0), 0)                  # the last round: push a copy after local training
     record = m.push_record[c.name]
-    net = m.load_client_model(c, m.broadcast(-1)).eval()
+    trained = m.final_local[c.name]
+    evaluated = m.load_client_model(c, m.broadcast(-1)).state_dict()
+    assert all(torch.equal(evaluated[k], trained[k]) for k in trained)     # evaluated = unpushed
+    net = m.family.build()
+    net.load_state_dict(m.pushed[c.name])
+    net.eval()
+    assert not torch.allclose(net.head.prototypes, evaluated["head.prototypes"])
+    assert all(torch.equal(m.pushed[c.name][k], trained[k]) for k in trained if k != "head.prototypes")
     with torch.no_grad():
         out = net(torch.stack([c.train[i]["x"] for i in range(len(c.train))]))
     identity = net.head.class_identity
@@ -237,7 +254,30 @@ def test_push_makes_prototypes_training_patches(demo_project):
         b = row - c.train.rows[0]
         assert int(c.train.labels[b]) == int(identity[j].argmax())          # a patch of its own class
         assert out["distance_maps"][b, j].min().item() == pytest.approx(0.0, abs=1e-5)
-    assert set(m.final_model()["clients"]) == {"client0", "client1"}
+    saved = m.final_model()
+    assert set(saved["clients"]) == {"client0", "client1"} and set(saved["pushed"]) == {"client0"}
+    assert torch.equal(saved["clients"]["client0"]["head.prototypes"], trained["head.prototypes"])
+    assert torch.equal(saved["pushed"]["client0"]["head.prototypes"], net.head.prototypes)
+
+
+def test_every_client_starts_from_its_own_build(demo_project):
+    """The code constructs one model per client: adapters and prototype layer start from different
+    random draws (the pretrained backbone is the same); each is the family's build under (seed, "init", client)."""
+    from fedrepro.seeding import seed_global
+
+    m, fed = tiny_method(demo_project, "fedadapterproto")
+    starts = [{k: v.clone() for k, v in m.load_client_model(c, m.broadcast(0)).state_dict().items()} for c in fed.clients]
+    assert not torch.allclose(starts[0]["head.prototypes"], starts[1]["head.prototypes"])
+    assert not torch.allclose(starts[0]["adapters.0.down.weight"], starts[1]["adapters.0.down.weight"])
+    for c, start in zip(fed.clients, starts):
+        seed_global(0, "init", c.index)
+        built = m.family.build().state_dict()
+        assert all(torch.equal(start[k], built[k]) for k in built), c.name
+    text, _ = tiny_method(demo_project, "fedadapterproto_text")      # paper text: every round starts from theta_g
+    message = text.broadcast(0)
+    for c in fed.clients:
+        loaded = text.load_client_model(c, message).state_dict()
+        assert torch.equal(loaded["head.prototypes"], message["head.prototypes"])
 
 
 def test_client_eval_local_evaluates_local_models(demo_project):
@@ -314,6 +354,73 @@ def test_authors_indexing_leaks_test_rows_into_training():
     assert sorted(split.global_test) == list(range(5))                 # rows 0..n_E-1 of the table, not site E
     assert set(src[split.global_test]) != {"E"}
     assert any(len(set(src[np.concatenate(list(p.values()))])) > 1 for p in split.clients.values())   # sites mixed
+
+
+def authors_fundus_split(meta: pd.DataFrame, num_users: int) -> tuple[list[list[str]], list[str]]:
+    """lib/utils.py::get_dataset + lib/sampling.py::fundus_noniid of the official code, on a metadata
+    table: -> (image_path of every client's rows, image_path of the test rows)."""
+    data = meta[meta["image_path"].str.contains("images-set-1")]
+    data = data[data["image_field"] == "field 1"]
+    data = data[data["session_image_quality"].isin(["Adequate", "Good", "Excellent"])]
+    data = data.dropna(subset=["diagnosis_image_dr_level"]).reset_index(drop=True)
+
+    def positions(phase):
+        col = "clinical_siteIdentifier"
+        counts = data[col].value_counts()
+        sites = counts.head(n=num_users).index if phase == "train" else counts.iloc[num_users:num_users + 1].index
+        df = data[data[col].isin(sites)].reset_index(drop=True)
+        groups = df.groupby(col).apply(lambda x: x.index.tolist()).to_dict()
+        return [groups[site] for site in sites]
+
+    rows = lambda idx: data["image_path"].iloc[idx].tolist()  # noqa: E731  (the unfiltered table)
+    return [rows(p) for p in positions("train")], rows(positions("test")[0])
+
+
+def test_authors_indexing_reads_the_metadata_order_through_the_real_preparers(tmp_path):
+    """The same images leak as in the official code: positions index the authors' table (metadata
+    file order, rows without a site included), not the manifest (sorted by path)."""
+    from fedrepro.data.manifest import read_manifest, write_manifest
+
+    gen = np.random.default_rng(3)
+    sizes = {"11": 9, "7": 8, "30": 7, "4": 6, "25": 5, "9": 2}
+    sites = np.array([s for s, n in sizes.items() for _ in range(n)] + [None] * 3)
+    sites = sites[gen.permutation(len(sites))]
+    names = gen.permutation(len(sites))                       # file order != path order
+    meta = pd.DataFrame({"image_path": [f"images-set-1/img{n:03d}.jpg" for n in names], "image_field": "field 1",
+                         "session_image_quality": "Good", "diagnosis_image_dr_level": gen.integers(0, 5, len(sites)),
+                         "clinical_siteIdentifier": sites})
+    meta.loc[[2, 17], "session_image_quality"] = "Insufficient for Full Interpretation"     # filtered out
+    base = tmp_path / "raw" / "eyepacs"
+    for path in meta["image_path"]:
+        write_disc(base / path)
+    meta.to_csv(base / "metadata.csv", index=False)
+    aptos = tmp_path / "raw" / "aptos2019"
+    pd.DataFrame({"id_code": ["x1", "x2"], "diagnosis": [0, 2]}).to_csv(aptos.mkdir(parents=True) or aptos / "train.csv",
+                                                                         index=False)
+    for code in ("x1", "x2"):
+        write_disc(aptos / "train_images" / f"{code}.png")
+    manifests = tmp_path / "manifests"
+    for name in ("eyepacs", "aptos2019", "eyepacs_aptos"):
+        spec = registry.get(name)
+        if "crop_size" in spec.options:
+            spec = replace(spec, options={**spec.options, "crop_size": 8})
+        write_manifest(manifests / f"{name}.csv", prepare_dataset(spec, tmp_path / "raw", manifests))
+    manifest = read_manifest(manifests / "eyepacs_aptos.csv")
+    assert manifest["path"].is_monotonic_increasing and (manifest["source"] == "").sum() == 3
+
+    spec = {"kind": "sites_authors_index", "clients": 4, "external": {"sources": ["aptos2019"]},
+            "ratios": {"train": 0.8, "val": 0.2, "test": 0.0}}
+    split = make_split(manifest, spec, seed=0)
+    image = lambda rows: sorted(manifest["original_path"].to_numpy()[rows].tolist())  # noqa: E731
+    clients, test = authors_fundus_split(meta, num_users=4)
+    for i, expected in enumerate(clients):
+        assert image(np.concatenate(list(split.clients[f"client{i}"].values()))) == sorted(f"eyepacs/{p}" for p in expected)
+    assert image(split.global_test) == sorted(f"eyepacs/{p}" for p in test)
+    assert sorted(split.external) == sorted(np.flatnonzero(manifest["source"] == "aptos2019"))
+    correct = make_split(manifest, {**spec, "kind": "sites"}, seed=0)        # the site split ignores rows without a site
+    src = manifest["source"].to_numpy()
+    assert set(src[correct.global_test]) == {"25"}
+    assert [set(src[np.concatenate(list(p.values()))]) for p in correct.clients.values()] == [{"11"}, {"7"}, {"30"}, {"4"}]
 
 
 def test_site_split_errors_name_the_problem():

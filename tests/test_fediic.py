@@ -161,9 +161,11 @@ def test_prr_cpa_loss_and_factors():
     s = mitigation_factors(torch.tensor([10.0, 5.0, 0.0]), beta=1.0)
     assert s.tolist() == [[1.0, 0.5, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
     logits, y = torch.zeros(1, 3), torch.tensor([0])
-    assert cpa_loss(logits, y, torch.tensor([10.0, 5.0, 0.0]), beta=1.0).item() == pytest.approx(L(1.5), rel=1e-6)
+    code = -L(1 / (1.5 + 1e-6) + 1e-6)           # CPA_Loss's eps in the ratio and in the log
+    assert cpa_loss(logits, y, torch.tensor([10.0, 5.0, 0.0]), beta=1.0).item() == pytest.approx(code, rel=1e-6)
+    assert code == pytest.approx(L(1.5), rel=1e-5)
     weighted = cpa_loss(logits, y, torch.tensor([10.0, 5.0, 0.0]), 1.0, class_weight=torch.tensor([2.0, 1.0, 1.0]))
-    assert weighted.item() == pytest.approx(2 * L(1.5), rel=1e-6)
+    assert weighted.item() == pytest.approx(2 * code, rel=1e-6)
     w = prototype_weights(torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[2.0, 0.0], [0.0, 1.0]]), tau=3.0)
     assert w.tolist() == pytest.approx([1.0, 4.0 / 3.0])
     assert distillation(torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 2.0]])).item() == pytest.approx(0.0, abs=1e-7)
@@ -269,6 +271,53 @@ def test_creff_sampler_groups_and_equal_recut():
     assert shares[:, 0].max() - shares[:, 0].min() > 0.2          # heterogeneous class mixes
     workers = dirichlet_group(labels, rng.permutation(len(labels)), 10, 0.5, rng)
     assert min(len(w) for w in workers) >= int(0.5 * len(labels) / 10)
+
+
+def official_creff_sampler(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[list[int]]:
+    """FedIIC's utils/sample_dirichlet.py (CReFF's sampler), re-written from its description: the
+    (index, label) list class by class, shuffled with RandomState(seed); groups of 10 workers, each
+    but the last taking int(10 / N * n) entries; per group and class Dir(alpha) proportions zeroed for
+    full workers, redrawn until every worker has int(0.5 M / n); concatenated and re-cut equally."""
+    state = np.random.RandomState(seed)
+    pairs = [(int(i), int(c)) for c in range(labels.max() + 1) for i in np.flatnonzero(labels == c)]
+    state.shuffle(pairs)
+    n_groups = -(-num_clients // 10)
+    groups, start = [], 0
+    for g in range(n_groups):
+        stop = len(pairs) if g == n_groups - 1 else start + int(10 / num_clients * len(pairs))
+        groups.append((np.array(pairs[start:stop]), min(10, num_clients - 10 * g)))
+        start = stop
+    workers_all = []
+    for targets, n in groups:
+        smallest, workers = 0, None
+        while smallest < int(0.5 * len(targets) / n):
+            workers = [[] for _ in range(n)]
+            for c in range(labels.max() + 1):
+                idx = targets[targets[:, 1] == c, 0]
+                p = state.dirichlet(np.repeat(alpha, n))
+                p = np.array([q * (len(w) < len(targets) / n) for q, w in zip(p, workers)])
+                p = (np.cumsum(p / p.sum()) * len(idx)).astype(int)[:-1]
+                workers = [w + chunk.tolist() for w, chunk in zip(workers, np.split(idx, p))]
+            smallest = min(len(w) for w in workers)
+        workers_all += workers
+    joined = [i for w in workers_all for i in w]
+    per, extra = divmod(len(joined), num_clients)
+    out, i = [], 0
+    for k in range(num_clients):
+        size = per + (1 if k < extra else 0)
+        out.append(sorted(joined[i:i + size]))
+        i += size
+    return out
+
+
+@pytest.mark.parametrize("num_clients, n", [(15, 100), (25, 104), (20, 131)])
+def test_creff_sampler_is_the_official_one_for_odd_client_counts(num_clients, n):
+    """int(10 / N * n) truncates where round() would not (15 clients, 100 samples: 66 vs 67), and the
+    list is shuffled class by class: given the same RandomState the split is the code's."""
+    labels = np.random.default_rng(n).choice(4, size=n, p=[0.55, 0.25, 0.15, 0.05])
+    ours = split_creff(labels, np.array([""] * n), {"clients": num_clients, "alpha": 1.0, "group_size": 10},
+                       np.random.RandomState(7))
+    assert [part.tolist() for part in ours] == official_creff_sampler(labels, num_clients, 1.0, seed=7)
 
 
 # ---- datasets -----------------------------------------------------------------------------------
@@ -483,6 +532,60 @@ def test_every_method_runs_and_counts_its_extra_uploads(demo_project, tmp_path):
     assert up["prr_imb"] > up["fedavg"]
     climb = results["climb"][0]
     assert climb.lambdas.shape == (3,) and (climb.lambdas >= 0).all()
+
+
+def _method(demo_project, name, **params):
+    from fedrepro.config import RunKey
+    from fedrepro.fl.comm import CommLedger
+    from fedrepro.fl.method import MethodContext
+    from fedrepro.methods import load_class
+
+    run = json.loads(json.dumps(demo_project.run_config(RunKey("fediic", "lt_creff", name, 0))))
+    run["algorithm"]["params"].update(params)
+    fed = _synthetic_federation(run["train"]["model"]["views"])
+    method = load_class(run["impl"]["method"])(MethodContext(run, fed, torch.device("cpu"), CommLedger(),
+                                                             logging.getLogger("test")))
+    method.setup()
+    return method
+
+
+def test_prr_one_local_epoch_restarts_prototypes_from_ones(demo_project):
+    """PRR code, wk_iters = 1: local prototypes are 1-vectors at every round start and the global
+    prototype the round's draw around them (N(1, 1) with the clamped std), so the CPA factor is
+    (1 + tau) / (cos(1, draw) + tau); with the mean it is 1. One local epoch = mutual learning."""
+    from fedrepro.seeding import torch_generator
+
+    method = _method(demo_project, "prr_imb", init_rounds=0)
+    assert method.single_pass()
+    st = method.clients_state["client0"]
+    weights = method.class_weights(st, 3)
+    d = method.server.head.in_features
+    draw = 1.0 + torch.randn(3, d, generator=torch_generator(0, "server", "prr-prototypes", 3, "reset"))
+    cos = torch.nn.functional.cosine_similarity(torch.ones(3, d), draw, dim=1, eps=1e-6)
+    assert torch.allclose(weights, (1 + 3.0) / (cos + 3.0))
+    assert torch.allclose(method.class_weights(st, 3), weights)                    # one draw per round
+    mean = _method(demo_project, "prr_imb", init_rounds=0, global_prototype="mean")
+    assert torch.allclose(mean.class_weights(mean.clients_state["client0"], 3), torch.ones(3))
+    assert _method(demo_project, "prr_imb").class_weights(st, 0) is None           # before init_rounds
+
+
+def test_climb_client_loss_sums_batch_means(demo_project):
+    """The CLIMB code's f_k: the sum over the client's mini-batches of the batch-mean loss."""
+    import torch.nn.functional as F
+
+    method = _method(demo_project, "climb")
+    client = method.fed.clients[0]
+    size = method.ctx.train["batch_size"]
+    x = torch.stack([client.train[i]["x"] for i in range(len(client.train))])
+    y = torch.as_tensor(client.train.labels)
+    method.server.eval()
+    with torch.no_grad():
+        logits = method.family.forward(method.server, {"x": x, "y": y}).logits
+    expected = sum(float(F.cross_entropy(logits[i:i + size], y[i:i + size])) for i in range(0, len(y), size))
+    assert method.global_loss(method.server, client) == pytest.approx(expected, rel=1e-5)
+    mean = _method(demo_project, "climb", client_loss="mean")
+    assert mean.global_loss(mean.server, client) == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
+    assert method.params["lambda_max"] == 100.0
 
 
 # ---- the demo config end to end -------------------------------------------------------------------------

@@ -240,3 +240,103 @@ def image_federation(*, size: int = 32, channels: int = 3, classes: int = 3, siz
     clients = [ClientData(f"client{i}", i, part(n), part(val), part(test)) for i, n in enumerate(sizes)]
     names = class_names or [f"class{c}" for c in range(classes)]
     return Federation(clients, part(global_test), part(reference, labelled=False) if reference else None, names)
+
+
+# --------------------------------------------------------------------------------------------
+# more plumbing: small image models, per-client builds, the specification side's optimiser and evaluation
+
+def configured_model(paper: str, method: str, setting: str | None = None, **changes) -> dict:
+    """The model block a run of (paper, setting, method) trains, without pretrained weights, with
+    ``changes`` (e.g. ``backbone="test_resnet", image_size=32``): the family and its options stay."""
+    proj = project()
+    setting = setting or _first_setting(paper, method)
+    model = copy.deepcopy(proj.run_config(RunKey(paper, setting, method, 0))["train"]["model"])
+    model = tiny_model(model)
+    if "pretrained" in model:
+        model["pretrained"] = False
+    return deep_merge(model, changes)
+
+
+def family_of(run: dict, fed: Federation):
+    from fedrepro.models.families import build_family
+
+    return build_family(run["impl"]["model"], run["train"]["model"], fed.class_names, fed.extras)
+
+
+def built_model(run: dict, fed: Federation, *keys) -> torch.nn.Module:
+    """The family's network built under the (seed, "init", *keys) stream; ``keys = (client index,)``
+    is a client's own build, for methods whose authors construct one model per client."""
+    family = family_of(run, fed)
+    seed_global(run["seed"], "init", *keys)
+    return family.build()
+
+
+def optimizer_for(params, cfg: dict) -> torch.optim.Optimizer:
+    """torch's optimiser named by a train block's ``optimizer`` (a fresh one, no state)."""
+    params = [p for p in params if p.requires_grad]
+    if cfg["name"] == "adam":
+        return torch.optim.Adam(params, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))),
+                                eps=cfg.get("eps", 1e-8), weight_decay=cfg.get("weight_decay", 0.0))
+    if cfg["name"] == "sgd":
+        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg.get("momentum", 0.0),
+                               weight_decay=cfg.get("weight_decay", 0.0))
+    raise ValueError(cfg["name"])
+
+
+def sgd_steps(model: torch.nn.Module, batches: list[dict], loss_fn, cfg: dict, params=None) -> int:
+    """One local pass: for every batch, zero the gradients, loss_fn(model, batch).backward(), step.
+    -> the number of steps."""
+    opt = optimizer_for(model.parameters() if params is None else params, cfg)
+    model.train()
+    for batch in batches:
+        opt.zero_grad()
+        loss_fn(model, batch).backward()
+        opt.step()
+    return len(batches)
+
+
+def mean_state(states: list[dict], weights, keys=None) -> dict:
+    """sum_i w_i state_i / sum_i w_i per key (float64), for the floating-point entries."""
+    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+    w = w / w.sum()
+    keys = [k for k in (keys or states[0]) if states[0][k].is_floating_point()]
+    return {k: torch.tensordot(w, torch.stack([s[k].double() for s in states]), dims=1) for k in keys}
+
+
+def floating(state: dict, keys=None) -> dict:
+    """The floating-point entries of a state dict (optionally only ``keys``), detached copies."""
+    return {k: v.detach().clone() for k, v in state.items() if v.is_floating_point() and (keys is None or k in keys)}
+
+
+@torch.no_grad()
+def probabilities(scores, dataset) -> torch.Tensor:
+    """softmax of ``scores(x)`` (B x C class scores, the model in eval mode) over the whole dataset, in order."""
+    x = torch.stack([dataset[i]["x"] for i in range(len(dataset))])
+    return torch.softmax(scores(x).float(), dim=1)
+
+
+def without_class(dataset: TensorImages, label: int) -> TensorImages:
+    """The dataset without its items of class ``label`` (a client that lacks a class)."""
+    keep = np.flatnonzero(dataset.labels != label)
+    extra = {k: [v[i] for i in keep] for k, v in dataset.extra.items()}
+    return TensorImages(dataset.images[keep], dataset.labels[keep], dataset.rows[keep], extra, dataset.transform)
+
+
+def initial_method(run: dict, fed: Federation) -> FederatedMethod:
+    """The method as a run sets it up before round 0 (for server-side state a run starts from, e.g.
+    CReFF's initial federated features): read its initial state, never drive it."""
+    method = load_class(run["impl"]["method"])(context(run, fed))
+    method.setup()
+    return method
+
+
+def seed_server(run: dict, rnd: int) -> None:
+    """What the engine does before the server aggregates round ``rnd`` (fresh server-side inits draw from it)."""
+    seed_global(run["seed"], "server", rnd)
+
+
+def torch_generator_for(run: dict, purpose: str, *keys):
+    """The run's keyed torch generator for (purpose, keys) - the stream a method draws a shuffle from."""
+    from fedrepro.seeding import torch_generator
+
+    return torch_generator(run["seed"], purpose, *keys)

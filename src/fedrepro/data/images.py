@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -73,3 +74,13 @@ class ManifestImages:
         for key, values in self.extra.items():
             item[key] = values[i]
         return item
+
+
+def with_transform(dataset, transform):
+    """A view of an image dataset with another transform (e.g. the deterministic eval transform for a
+    pass over training images that must not be augmented); datasets without one are returned as they are."""
+    if not hasattr(dataset, "transform"):
+        return dataset
+    view = copy.copy(dataset)
+    view.transform = transform
+    return view

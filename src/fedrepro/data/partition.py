@@ -84,6 +84,7 @@ class Partition:
 # (or a Partition), indices relative to the pool. Register new ones with @splitter("name").
 
 Splitter = Callable[[np.ndarray, np.ndarray, dict, np.random.Generator], "list[np.ndarray] | Partition"]
+# A splitter may set ``fn.pool_order = "<manifest column>"`` to receive the pool sorted by that column.
 SPLITTERS: dict[str, Splitter] = {}
 
 
@@ -187,6 +188,7 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
     load_splitters()
     if kind not in SPLITTERS:
         raise SplitError(f"unknown split kind {kind!r}; allowed: {sorted(SPLITTERS)}")
+    pool = _in_pool_order(manifest, pool, getattr(SPLITTERS[kind], "pool_order", None))
     min_train = int(spec.get("min_train", 1))
     max_draws = int(spec.get("max_draws", 100)) if spec.get("on_empty", "error") == "resample" else 1
     official = spec.get("client_split", "random") == "official"
@@ -214,6 +216,15 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
         f"{kind} split leaves clients with fewer than min_train={min_train} training samples{hint}: {small}. "
         f"Use fewer clients, a larger alpha, or a smaller min_train."
     )
+
+
+def _in_pool_order(manifest: pd.DataFrame, pool: np.ndarray, column: str | None) -> np.ndarray:
+    """The pool as the splitter sees it: manifest order, or sorted by a manifest column a splitter
+    names as its ``pool_order`` (e.g. a dataset's original table order; rows without a value last)."""
+    if column is None or column not in manifest.columns:
+        return pool
+    key = pd.to_numeric(manifest[column].to_numpy()[pool], errors="coerce")
+    return pool[np.argsort(np.where(np.isnan(key), np.inf, key), kind="stable")]
 
 
 def _subset_rows(manifest: pd.DataFrame, subset: dict | None) -> np.ndarray:

@@ -193,6 +193,17 @@ class ModelAveraging(FederatedMethod):
         client (training stages, per-client step sizes) return a modified copy."""
         return self.ctx.train
 
+    def separate_client_builds(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every client's model built on its own, under the (seed, "init", client) stream -> client ->
+        state dict (CPU). For methods whose authors construct one model per client instead of copying
+        one initial model: pretrained weights are the same for all, random parts (adapters, heads)
+        differ per client. Call it in ``setup`` (it reseeds the global RNGs)."""
+        states = {}
+        for client in self.fed.clients:
+            seed_global(self.ctx.seed, "init", client.index)
+            states[client.name] = _cpu(self.build_model().state_dict())
+        return states
+
     # ---- the protocol ---------------------------------------------------------------------
     def broadcast(self, rnd: int) -> dict[str, torch.Tensor]:
         state = self.server.state_dict()

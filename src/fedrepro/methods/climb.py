@@ -10,10 +10,16 @@ by primal-dual FedAvg. With duals lambda_k >= 0 the server averages the client m
     w_k = 1 + lambda_k - mean(lambda)                         (times the base weights, see below)
 
 and, from the losses f_k of the round's global model on each client's training data (a scalar
-upload per client), takes a projected dual ascent step (CLIMB code: divided by N, clamped to
-[0, lambda_max] with lambda_max = 5):
+upload per client), takes a projected dual ascent step (CLIMB code, shenzebang/Federated-Learning-
+Pytorch ``core/imbalance_fl.py``: divided by N, clamped to [0, lambda_max]):
 
     lambda_k <- clip(lambda_k + eta_d (f_k - mean_j f_j - eps) / N, 0, lambda_max).
+
+f_k (``client_loss``): the CLIMB code sums the mean cross-entropy of every mini-batch of the
+client's training loader (``_evaluate``: ``loss += loss_fn(model(data), label)``), so f_k is about
+(number of batches) x the mean loss: ``batch_sum`` (default; batches of the local batch size, in
+order, the global model in eval mode); ``mean`` = the mean loss per example (the paper's f_k).
+lambda_max = 100 (the code since its commit "Update the maximum dual variable for CLIMB"; 5 before).
 
 FedIIC uses (eta_d, eps) = (0.1, 0.1) for ISIC/ICH and (0.01, 0.1) for Real. The base weights are the
 train block's ``aggregation.weights``: CLIMB's objective is the uniform client mean, so the
@@ -56,12 +62,17 @@ class CLIMB(ModelAveraging):
 
     @torch.no_grad()
     def global_loss(self, model, client) -> float:
+        """f_k: the sum over the client's mini-batches of their mean loss (``batch_sum``), or the mean
+        loss per example (``mean``)."""
+        batch_sum = self.params["client_loss"] == "batch_sum"
+        size = self.ctx.train["batch_size"] if batch_sum else self.ctx.train["eval_batch_size"]
         total, n = 0.0, 0
         with fixed_randomness(self.ctx.seed, "augment", "climb-loss", client.index):
-            for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.device):
-                total += float(sum(F.cross_entropy(s, t, reduction="sum") for s, t in out.objective))
+            for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.device, size):
+                losses = [F.cross_entropy(s, t, reduction="mean" if batch_sum else "sum") for s, t in out.objective]
+                total += float(sum(losses) / len(losses)) if batch_sum else float(sum(losses))
                 n += len(batch["y"])
-        return total / max(n, 1)
+        return total if batch_sum else total / max(n, 1)
 
     def aggregation_weights(self, updates):
         base = torch.tensor(super().aggregation_weights(updates), dtype=torch.float64)

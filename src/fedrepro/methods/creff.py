@@ -4,10 +4,13 @@ Classifier Re-training with Federated Features", IJCAI 2022), a baseline of FedI
 Training of the model is FedAvg. Besides, the server keeps m learnable *federated features* per
 class, F_c (m x d), and a re-trained classifier phi (d -> L) that answers for the global model:
 
-1. Client k computes, with the round's global feature extractor and the current re-trained
-   classifier phi, the gradient of the cross-entropy w.r.t. phi's weight and bias for each class c
-   it holds, on ``batch_real`` random images of that class (averaged over ``gradient_repeats``
-   draws), and uploads these per-class gradients g_k^c next to its model.
+1. Client k computes, with the round's global feature extractor (eval mode) and the current
+   re-trained classifier phi, the gradient of the cross-entropy w.r.t. phi's weight and bias for each
+   class c it holds, on ``batch_real`` random images of that class (averaged over
+   ``gradient_repeats`` draws), and uploads these per-class gradients g_k^c next to its model. As in
+   the CReFF code, the images are the client's un-augmented ones (the deterministic eval transform)
+   passed through Differentiable Siamese Augmentation (``dsa_strategy``, :mod:`.dsa`: one group of
+   color / crop / cutout / flip / scale / rotate per draw, the same parameters for the whole batch).
 2. The server averages them over the clients holding c (uniformly, as in the code):
    g^c = mean_k g_k^c.
 3. Feature matching, ``match_epochs`` SGD steps (lr ``lr_features``) on the federated features:
@@ -21,7 +24,8 @@ class, F_c (m x d), and a re-trained classifier phi (d -> L) that answers for th
    model (``evaluate_with: retrained``). The next round still starts from the FedAvg model.
 
 Defaults are the CReFF code's: m = 100, 100 matching steps, 300 re-training epochs, lr 0.1 / 0.01,
-32 real images per class, 10 gradient draws.
+32 real images per class, 10 gradient draws, DSA strategy color_crop_cutout_flip_scale_rotate (the
+code seeds each DSA draw from the clock; here from (seed, round, client, class, draw)).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from torch.utils.data import default_collate
 from ..fl.engine import dataset_labels
 from ..fl.local import to_device
 from ..fl.method import ModelAveraging
-from ..seeding import numpy_rng, torch_generator
+from ..data.images import with_transform
+from ..seeding import derive_seed, numpy_rng, torch_generator
+from .dsa import diff_augment, strategy_groups
 from .imbalance import fixed_randomness, head_of, split_payload
 
 
@@ -69,6 +75,7 @@ class CReFF(ModelAveraging):
     def setup(self) -> None:
         super().setup()
         p = self.params
+        strategy_groups(p["dsa_strategy"])                  # an unknown augmentation fails before round 0
         head = head_of(self.server)
         dim, num = head.in_features, self.fed.num_classes
         gen = torch_generator(self.ctx.seed, "init", "creff-features")
@@ -103,16 +110,20 @@ class CReFF(ModelAveraging):
         self.grad_model.eval()
         labels = dataset_labels(client.train)
         rng = numpy_rng(self.ctx.seed, "sampling", "creff", rnd, client.index)
+        images = with_transform(client.train, self.family.eval_transform())      # un-augmented, as the code's
         out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         with fixed_randomness(self.ctx.seed, "augment", "creff-gradients", rnd, client.index):
             for c in np.unique(labels):
                 members = np.flatnonzero(labels == c)
                 draws = []
-                for _ in range(p["gradient_repeats"]):
+                for repeat in range(p["gradient_repeats"]):
                     pick = rng.permutation(members)[: p["batch_real"]]
-                    batch = to_device(gather(client.train, pick), self.device)
+                    batch = to_device(gather(images, pick), self.device)
                     if batch["x"].dim() == 5:
                         batch["x"] = batch["x"][:, 0]
+                    if batch["x"].dim() == 4:            # images (cached features are not augmented)
+                        seed = derive_seed(self.ctx.seed, "augment", "creff-dsa", rnd, client.index, int(c), repeat)
+                        batch["x"] = diff_augment(batch["x"], p["dsa_strategy"], seed % 2**31)
                     with torch.no_grad():
                         feats = self.family.forward(self.grad_model, batch).features
                     draws.append(classifier_gradients(feats, batch["y"], weight.to(self.device), bias.to(self.device)))

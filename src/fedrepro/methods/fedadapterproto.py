@@ -1,5 +1,6 @@
 """FedAdapterProto (Ofosu Mensah, Djoumessi and Berens, "Prototype-Guided and Lightweight Adapters for
-Inherent Interpretation and Generalisation in Federated Learning", arXiv 2507.05852; spec §5.1), and
+Inherent Interpretation and Generalisation in Federated Learning", arXiv 2507.05852; paper text vs
+the authors' code: docs/papers/fedadapterproto.md), and
 the FedAdapter and FedPrototypical baselines it is compared with, which are the same algorithm on the
 model without prototypes (a linear head) or without adapters.
 
@@ -11,7 +12,10 @@ Client i holds a ResNet backbone w_i (private), adapters alpha_i and a prototype
 
     Clst = mean_b min_{j in P(y_b)} d_bj,   Sep = mean_b min_{j not in P(y_b)} d_bj
 
-with d_bj the minimum over positions of the squared distance of prototype j to image b, I the
+with d_bj the minimum over positions of the squared distance of prototype j to image b (the code
+takes both minima with ProtoPNet's max-distance trick, max_dist - max_j (max_dist - d_bj) with
+max_dist = P k k, the largest distance of two latent patches in [0, 1]: the same unless every
+distance exceeds max_dist), I the
 prototype-class identity (only wrong-class connections of the last layer are penalised, as the
 official code's active ``use_l1_mask``), and the proximal terms active from the second round on,
 once global parameters exist. Server: theta_g = weighted mean of the theta_i.
@@ -30,10 +34,18 @@ chooses, default = the code (it produced the published numbers):
   the prototype layer uniformly (code); the paper's text is |D_i| / |D| for both (``train_size``).
 - frozen vs fine-tuned backbone is the model option ``freeze_backbone`` (code: fine-tuned).
 
-``push: last_round`` projects every client's prototypes onto its nearest own-class training patch
-after its last local update (ProtoPNet's push), so the prototypes of the saved client models are
-image patches for the prototype figures; ``final_model`` saves every client's model and the push
-record (manifest row and position of each prototype's patch).
+Every client's model is built on its own (seeded by (seed, "init", client)), as the code constructs
+one ResNet per client: the pretrained backbone is the same, the adapters and the prototype layer
+start from different random draws. With ``client_start: global`` the clients load the server's
+adapters/head at every round, the first included. The code's aggregation weight n_i is the size of
+the client's whole share (its site, before the 80/20 train/val split).
+
+``push: last_round`` projects, after the last round, a *copy* of every client's prototypes onto its
+nearest own-class training patch (ProtoPNet's push) for the prototype figures only: the authors
+evaluate their models without any push, and the last layer is not retrained after one, so the
+evaluated models are the unpushed ones. ``final_model`` saves every client's evaluated model
+(``clients``), the pushed copies (``pushed``) and the push record (manifest row and position of each
+prototype's patch).
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ import copy
 
 import torch
 
+from ..data.images import with_transform
 from ..fl.local import batches
 from ..fl.method import ModelAveraging, weighted_average
 from ..models.protoadapter import push_prototypes
@@ -50,16 +63,25 @@ from .fedprox import proximal_term
 ADAPTERS, HEAD = "adapters.", "head."
 
 
-def cluster_cost(min_distances: torch.Tensor, labels: torch.Tensor, identity: torch.Tensor) -> torch.Tensor:
+def _min_over(min_distances: torch.Tensor, chosen: torch.Tensor, max_dist: float | None) -> torch.Tensor:
+    """mean_b min_{j chosen} d_bj; with ``max_dist`` as ProtoPNet computes it, max_dist - max_j
+    (max_dist - d_bj) * chosen_bj (which reads max_dist where every chosen d_bj exceeds it)."""
+    if max_dist is None:
+        return min_distances.masked_fill(~chosen, float("inf")).min(dim=1).values.mean()
+    inverted = ((max_dist - min_distances) * chosen).max(dim=1).values
+    return (max_dist - inverted).mean()
+
+
+def cluster_cost(min_distances: torch.Tensor, labels: torch.Tensor, identity: torch.Tensor,
+                 max_dist: float | None = None) -> torch.Tensor:
     """mean_b min over the prototypes of class y_b of d_bj (B x m distances, m x K identity)."""
-    own = identity[:, labels].t().bool()
-    return min_distances.masked_fill(~own, float("inf")).min(dim=1).values.mean()
+    return _min_over(min_distances, identity[:, labels].t().bool(), max_dist)
 
 
-def separation_cost(min_distances: torch.Tensor, labels: torch.Tensor, identity: torch.Tensor) -> torch.Tensor:
+def separation_cost(min_distances: torch.Tensor, labels: torch.Tensor, identity: torch.Tensor,
+                    max_dist: float | None = None) -> torch.Tensor:
     """mean_b min over the prototypes of the other classes of d_bj."""
-    own = identity[:, labels].t().bool()
-    return min_distances.masked_fill(own, float("inf")).min(dim=1).values.mean()
+    return _min_over(min_distances, ~identity[:, labels].t().bool(), max_dist)
 
 
 def wrong_class_l1(last_weight: torch.Tensor, identity: torch.Tensor) -> torch.Tensor:
@@ -82,15 +104,6 @@ def client_weights(rule: str, num_examples: list[int], steps: list[int]) -> list
     return [per_client[rule](n, t) for n, t in zip(num_examples, steps)]
 
 
-def with_transform(dataset, transform):
-    """A view of an image dataset with another transform (the push reads training images un-augmented)."""
-    if not hasattr(dataset, "transform"):
-        return dataset
-    view = copy.copy(dataset)
-    view.transform = transform
-    return view
-
-
 class FedAdapterProto(ModelAveraging):
     personalized = True     # every client is evaluated with its own model (Table 1: one column per client)
 
@@ -102,7 +115,13 @@ class FedAdapterProto(ModelAveraging):
         self.anchor: dict[str, torch.Tensor] = {}
         self.own_shared: dict[str, dict] = {}      # client -> its own adapters/head (client_start: local)
         self.final_local: dict[str, dict] = {}     # client -> its whole model after the last local update
+        self.pushed: dict[str, dict] = {}          # client -> a pushed copy of that model (figures only)
         self.push_record: dict[str, dict] = {}
+        shared = set(self.shared)
+        for name, state in self.separate_client_builds().items():   # one model built per client, as the code
+            self.private[name] = {"model": {k: v for k, v in state.items() if k not in shared}, "optimizer": None}
+            if self.params["client_start"] == "local":
+                self.own_shared[name] = {k: v for k, v in state.items() if k in shared}
 
     def shared_keys(self) -> list[str]:
         return [k for k in self.server.state_dict() if k.startswith((ADAPTERS, HEAD))]
@@ -119,13 +138,20 @@ class FedAdapterProto(ModelAveraging):
         self.anchor = {k: v.detach().clone() for k, v in message.items() if k in trainable}   # theta_g of this round
         return super().local_update(client, message, rnd)
 
+    def max_distance(self, model) -> float:
+        """ProtoPNet's max_dist: prototype channels x k x k (the code's prototype_shape[1:] product)."""
+        _, channels, kh, kw = model.head.prototypes.shape
+        return float(channels * kh * kw)
+
     def local_loss(self, model, batch, client, rnd):
         p = self.params
         out = self.family.forward(model, batch)
         loss = self.family.loss(out, batch)
         if model.has_prototypes:
             identity, y, d = model.head.class_identity, batch["y"], out.extra["min_distances"]
-            loss = (loss + p["lambda_clst"] * cluster_cost(d, y, identity) - p["lambda_sep"] * separation_cost(d, y, identity)
+            max_dist = self.max_distance(model)
+            loss = (loss + p["lambda_clst"] * cluster_cost(d, y, identity, max_dist)
+                    - p["lambda_sep"] * separation_cost(d, y, identity, max_dist)
                     + p["gamma_l1"] * wrong_class_l1(model.head.last_layer.weight, identity))
         if model.adapters is not None and p["beta_adapter"]:
             loss = loss + p["beta_adapter"] * adapter_penalty(model.adapters.parameters(), p["adapter_norm"] == "squared_l2")
@@ -137,19 +163,22 @@ class FedAdapterProto(ModelAveraging):
         return loss, out
 
     def after_local_training(self, client, rnd):
-        last = rnd == self.ctx.train["rounds"] - 1
-        if last and self.params["push"] == "last_round" and self.work.has_prototypes:
-            data = with_transform(client.train, self.family.eval_transform())
-            loader = batches(data, self.ctx.train["eval_batch_size"], shuffle=False, num_workers=self.ctx.train["num_workers"])
-            self.push_record[client.name] = push_prototypes(self.work, loader, self.device)
         state = self.work.state_dict()
         if self.params["client_start"] == "local":
             self.own_shared[client.name] = {k: state[k].detach().cpu().clone() for k in self.shared}
-        if last:
-            self.final_local[client.name] = {k: v.detach().cpu().clone() for k, v in state.items()}
+        if rnd != self.ctx.train["rounds"] - 1:
+            return
+        self.final_local[client.name] = {k: v.detach().cpu().clone() for k, v in state.items()}
+        if self.params["push"] == "last_round" and self.work.has_prototypes:
+            copy_ = copy.deepcopy(self.work)          # the evaluated model stays unpushed
+            data = with_transform(client.train, self.family.eval_transform())
+            loader = batches(data, self.ctx.train["eval_batch_size"], shuffle=False, num_workers=self.ctx.train["num_workers"])
+            self.push_record[client.name] = push_prototypes(copy_, loader, self.device)
+            self.pushed[client.name] = {k: v.detach().cpu().clone() for k, v in copy_.state_dict().items()}
 
     def aggregate(self, updates, rnd):
-        sizes = [u.num_examples for u in updates]
+        share = {c.name: client_share(c) for c in self.fed.clients}
+        sizes = [share[u.client] for u in updates]
         steps = [int(u.stats["steps"]) for u in updates]
         merged = {}
         for prefix, rule in ((ADAPTERS, self.params["adapter_weights"]), (HEAD, self.params["head_weights"])):
@@ -161,18 +190,25 @@ class FedAdapterProto(ModelAveraging):
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "own_shared": self.own_shared, "final_local": self.final_local,
-                "push": self.push_record}
+                "pushed": self.pushed, "push": self.push_record}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.own_shared, self.final_local, self.push_record = state["own_shared"], state["final_local"], state["push"]
+        self.pushed = state.get("pushed", {})
 
     def final_model(self) -> dict:
-        """The server's adapters/head, every client's model after its last local update (the prototype
-        figures' input) and the push record."""
+        """The server's adapters/head, every client's evaluated model (after its last local update,
+        unpushed), the pushed copies the prototype figures show, and the push record."""
         clients = dict(self.final_local)
         for client in self.fed.clients:
             if client.name not in clients:
                 clients[client.name] = {k: v.detach().cpu().clone() for k, v in self.model_for(client).state_dict().items()}
         return {"server": {k: v.detach().cpu().clone() for k, v in self.server.state_dict().items()},
-                "clients": clients, "push": self.push_record}
+                "clients": clients, "pushed": dict(self.pushed), "push": self.push_record}
+
+
+def client_share(client) -> int:
+    """The size of a client's whole share (train + val + test): the authors weigh by the size of the
+    site's index list, which is cut 80/20 into train and validation only inside local training."""
+    return sum(len(part) for part in (client.train, client.val, client.test) if part is not None)

@@ -1,5 +1,6 @@
 """FedIIC (Wu, Yu, Yang, Cheng and Yan, "FedIIC: Towards Robust Federated Learning for
-Class-Imbalanced Medical Image Classification", MICCAI 2023; spec §3.1).
+Class-Imbalanced Medical Image Classification", MICCAI 2023; paper text vs the authors' code:
+docs/papers/fediic.md).
 
 Model: classifier f on a feature extractor g, plus a projector h; z = h(g(x)) / ||h(g(x))|| for
 every image of a multi-view batch (two augmentations per image, index set I of size 2B).
@@ -59,17 +60,19 @@ def pairwise_temperature(sample_prior: torch.Tensor, t: float, tau: float, floor
 
 def intra_client_contrastive(z: torch.Tensor, labels: torch.Tensor, prior: torch.Tensor, t: float = 0.5,
                              tau: float = 1.0, floor: float = 0.07, reduction: str = "mean") -> torch.Tensor:
-    """Eq. 3 on normalised embeddings ``z`` (N x D) with labels (N) and the local class prior (L).
-    Anchors without a positive are left out."""
+    """Eq. 3 on normalised embeddings ``z`` (N x D) with labels (N) and the local class prior (L), in
+    the code's arithmetic (``utils/losses.py::IntraSCL``: each row shifted by its maximum, self-pair
+    included; the self-pair left out of the denominator and of the positives). Anchors without a
+    positive are left out."""
     n = len(z)
-    self_pair = torch.eye(n, dtype=torch.bool, device=z.device)
+    others = 1.0 - torch.eye(n, device=z.device)
     logits = (z @ z.t()) / pairwise_temperature(prior[labels], t, tau, floor)
-    logits = logits.masked_fill(self_pair, float("-inf"))
-    log_prob = logits - torch.logsumexp(logits, dim=1, keepdim=True)
-    positive = (labels[:, None] == labels[None, :]) & ~self_pair
+    logits = logits - logits.max(dim=1, keepdim=True).values.detach()
+    log_prob = logits - torch.log((logits.exp() * others).sum(dim=1, keepdim=True))
+    positive = (labels[:, None] == labels[None, :]).float() * others
     n_pos = positive.sum(dim=1)
     has = n_pos > 0
-    per_anchor = -log_prob.masked_fill(~positive, 0.0).sum(dim=1)[has] / n_pos[has]
+    per_anchor = -(positive * log_prob).sum(dim=1)[has] / n_pos[has]
     if not len(per_anchor):
         return z.sum() * 0.0
     return per_anchor.mean() if reduction == "mean" else per_anchor.sum()
@@ -106,21 +109,26 @@ def orthogonalize_prototypes(initial: torch.Tensor, steps: int = 1000, lr: float
 
 
 def dala_adjustment(prior: torch.Tensor, class_loss: torch.Tensor, q: float = 0.25, eps: float = 1e-5) -> torch.Tensor:
-    """-delta_y = log p(y) - log(lbar(y)^q + eps), added to the logits (-inf for absent classes)."""
-    return torch.log(prior) - torch.log(class_loss.clamp_min(0.0) ** q + eps)
+    """-delta_y = log( p(y) / (lbar(y)^q + eps) ), added to the logits (-inf for absent classes); the
+    code's arithmetic (``utils/losses.py::DALA``)."""
+    return torch.log(prior / (class_loss.clamp_min(0.0) ** q + eps))
 
 
 def class_loss_sums(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of the cross-entropy of the samples of each class, number of samples of each class)."""
+    """(sum of the cross-entropy of the samples of each class, number of samples of each class); the
+    code sums each class's per-sample losses at once (``val.py::compute_loss_of_classes``)."""
     ce = F.cross_entropy(logits.float(), labels, reduction="none")
-    sums = torch.zeros(num_classes, device=logits.device).index_add_(0, labels, ce)
+    sums = torch.stack([ce[labels == c].sum() for c in range(num_classes)]) if len(ce) else \
+        torch.zeros(num_classes, device=logits.device)
     counts = torch.bincount(labels, minlength=num_classes).float()
     return sums, counts
 
 
 def mean_class_loss(sums: list[torch.Tensor], counts: list[torch.Tensor], eps: float = 1e-5) -> torch.Tensor:
-    """lbar(y) = sum_k l_k(y) / (eps + sum_k n_k(y)) over the clients' uploads."""
-    return torch.stack(sums).sum(0) / (eps + torch.stack(counts).sum(0))
+    """lbar(y) = sum_k l_k(y) / (eps + sum_k n_k(y)) over the clients' uploads (each client's sums
+    divided first, then added, as the code)."""
+    total = eps + torch.stack(counts).sum(0)
+    return torch.stack([s / total for s in sums]).sum(0)
 
 
 # ---- the method -------------------------------------------------------------------------------
@@ -172,14 +180,14 @@ class FedIIC(ModelAveraging):
 
     def client_class_losses(self, client, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys = (client.index,) if self.params["difficulty_augment"] == "fixed" else (rnd, client.index)
-        total = torch.zeros(self.fed.num_classes, device=self.device)
-        count = torch.zeros(self.fed.num_classes, device=self.device)
+        logits, labels = [], []
         with fixed_randomness(self.ctx.seed, "augment", "fediic-difficulty", *keys):
             for out, batch in outputs_over(self.family, self.server, client.train, self.ctx.train, self.device):
-                s, n = class_loss_sums(out.logits, batch["y"], self.fed.num_classes)
-                total += s
-                count += n.to(self.device)
-        return total, count
+                logits.append(out.logits)
+                labels.append(batch["y"])
+        if not logits:
+            return (torch.zeros(self.fed.num_classes, device=self.device),) * 2
+        return class_loss_sums(torch.cat(logits), torch.cat(labels), self.fed.num_classes)
 
     # ---- client side ----------------------------------------------------------------------
     def local_update(self, client, message, rnd):

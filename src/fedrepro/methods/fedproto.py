@@ -1,5 +1,5 @@
 """FedProto (Tan, Long, Liu, Zhou, Lu, Jiang and Zhang, "FedProto: Federated Prototype Learning across
-Heterogeneous Clients", AAAI 2022), a baseline of FedAdapterProto (spec §5.4).
+Heterogeneous Clients", AAAI 2022), a baseline of FedAdapterProto (docs/papers/fedadapterproto.md).
 
 No model weights are exchanged: every client keeps its whole model and sends class prototypes, the
 mean representation f(x) of its training samples of each class (collected during local training),
@@ -15,6 +15,8 @@ feature dimensions (code's MSELoss; samples of a class without a global prototyp
 the squared L2 distance. Prediction: the client's own head (``predict: head``) or the nearest global
 prototype (``nearest_prototype``, probabilities = softmax of minus the distance). FedProto has no
 global model; the ``global`` evaluation key is the mean of the clients' predicted probabilities.
+As in the FedProto code (and FedAdapterProto's, derived from it), every client's model is built on
+its own: pretrained weights are shared, the random parts (the head) differ per client.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class FedProto(ModelAveraging):
         super().setup()
         self.global_protos: torch.Tensor | None = None
         self.present: torch.Tensor | None = None
+        for name, state in self.separate_client_builds().items():
+            self.private[name] = {"model": state, "optimizer": None}
 
     def shared_keys(self) -> list[str]:
         return []            # every client keeps its whole model

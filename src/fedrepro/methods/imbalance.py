@@ -59,13 +59,15 @@ def fixed_randomness(seed: int, purpose: str, *keys):
 
 
 @torch.no_grad()
-def outputs_over(family, model: nn.Module, dataset, train: dict, device) -> Iterator[tuple[Output, dict]]:
-    """(output, batch) for every batch of ``dataset`` in order, with the model in eval mode. Of a
-    multi-view batch only the first view is used."""
+def outputs_over(family, model: nn.Module, dataset, train: dict, device,
+                 batch_size: int | None = None) -> Iterator[tuple[Output, dict]]:
+    """(output, batch) for every batch of ``dataset`` in order (batches of ``batch_size``, default
+    the eval batch size), with the model in eval mode. Of a multi-view batch only the first view is used."""
     was_training = model.training
     model.eval()
     try:
-        for batch in batches(dataset, train["eval_batch_size"], shuffle=False, num_workers=train.get("num_workers", 0)):
+        for batch in batches(dataset, batch_size or train["eval_batch_size"], shuffle=False,
+                             num_workers=train.get("num_workers", 0)):
             batch = to_device(batch, device)
             if batch["x"].dim() == 5:
                 batch = {**batch, "x": batch["x"][:, 0]}

@@ -13,8 +13,10 @@ stages (alpha1 = 0.7, alpha2 = 0.9):
     sublimate (stage 3: F_d >= alpha2 F_p after exchange): the personalized model learns from the deputy
 
 "learns from" = its loss plus KL(teacher || student) on the logits (teacher detached). The code
-restarts at stage 0 every round (``reset_stage: true``), so with one local epoch (FedIIC's setting)
-every round is a "recover" round.
+restarts at stage 0 every round (``reset_stage: true``) and, with a single local epoch per round
+(FedIIC's setting; the code's ``wk_iters < 2``), skips the stages altogether: both models learn from
+each other (mutual learning) in every round. With more local epochs the stage is set once per round
+here (the code re-evaluates it after every epoch).
 
 Conjoint Prototype-Aligned (CPA) loss, with the global class counts n (uploaded once by the clients):
 
@@ -22,16 +24,20 @@ Conjoint Prototype-Aligned (CPA) loss, with the global class counts n (uploaded 
     s_{yj} = (n_j / n_y)^beta if n_y > n_j else 1            (beta = 0.8)
     w_y   = 1 for the first ``init_rounds`` rounds, then (1 + tau) / (cos(p_y, P_y) + tau)   (tau = 3)
 
-where p_y is the client's prototype of class y (mean penultimate feature of its personalized model in
-the previous round) and P_y the global prototype: the clients' mean, or (code default) a draw from
-N(mean, max(std, 1)) over the clients.
+where p_y is the client's prototype of class y and P_y the global prototype: the clients' mean, or
+(code default) a draw from N(mean, max(std, 1)) over the clients. The code restarts every round
+from prototypes of ones (``prototypes: reset``) and learns new ones (mean penultimate feature of the
+personalized model per class) only for the round's later local epochs; with one local epoch the
+factor therefore compares 1-vectors with the round's global draw, N(1, 1) elementwise (a random
+re-weighting of the classes) or exactly 1 for the mean. ``prototypes: carry`` uses the previous
+round's learned prototypes instead (the paper's intent).
 
 Progressive Fourier Aggregation (PFA). For every convolution / linear weight (a 4-D kernel is laid out
 as a (C*kh) x (kw*N) matrix), the server takes the 2-D FFT of each client's deputy, replaces the
 centred low-frequency block covering a fraction L_r of each axis by the clients' mean amplitude and
 mean phase, and transforms back; the final classifier is mixed row by row with a 1-D FFT.
-L_r = band_start + (r / R)(0.95 - band_start) grows from 0.7. Other parameters are averaged;
-BatchNorm stays with each deputy. Each client continues from its own mixed deputy. The global model
+L_r = band_start + (r / R)(0.95 - band_start) grows from 0.7. Other parameters are averaged with
+equal client weights (the code's ``client_weights = 1 / client_num``); BatchNorm stays with each deputy. Each client continues from its own mixed deputy. The global model
 FedIIC evaluates is the size-weighted average (FedAvg) of the uploaded deputies.
 """
 
@@ -63,11 +69,16 @@ def mitigation_factors(counts: torch.Tensor, beta: float) -> torch.Tensor:
 
 
 def cpa_loss(logits: torch.Tensor, targets: torch.Tensor, global_counts: torch.Tensor, beta: float,
-             class_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean over the batch of -w_y log(e^{z_y} / (e^{z_y} + sum_{j != y} s_{yj} e^{z_j}))."""
+             class_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """Mean over the batch of -w_y log(e^{z_y} / (e^{z_y} + sum_{j != y} s_{yj} e^{z_j} + eps) + eps),
+    in the code's arithmetic (``loss_func.py::CPA_Loss``): logits shifted by their row maximum, the
+    eps in the ratio and in the log (the eps matter where the ratio is tiny)."""
     s = mitigation_factors(global_counts, beta).to(logits.device)[targets]          # B x L, s[y, y] = 1
-    log_den = torch.logsumexp(logits + torch.log(s), dim=1)
-    nll = log_den - logits.gather(1, targets[:, None]).squeeze(1)
+    shifted = logits - logits.max(dim=1, keepdim=True).values
+    e = shifted.exp()
+    e_y = e.gather(1, targets[:, None]).squeeze(1)
+    den = (s * e).sum(dim=1)                       # e_y + sum_{j != y} s_yj e_j
+    nll = -torch.log(e_y / (den + eps) + eps)
     if class_weight is not None:
         nll = nll * class_weight.to(logits.device)[targets]
     return nll.mean()
@@ -156,11 +167,10 @@ def parameter_roles(model: nn.Module) -> dict[str, str]:
     return roles
 
 
-def progressive_fourier_aggregation(states: list[dict], roles: dict[str, str], band: float,
-                                    weights: list[float]) -> list[dict]:
+def progressive_fourier_aggregation(states: list[dict], roles: dict[str, str], band: float) -> list[dict]:
     """Every client's mixed state (see the module docstring)."""
     mixed = [dict(s) for s in states]
-    averaged = weighted_average([{k: s[k] for k in s if roles.get(k) == "average"} for s in states], weights)
+    averaged = weighted_average([{k: s[k] for k in s if roles.get(k) == "average"} for s in states], [1.0] * len(states))
     for key in states[0]:
         role = roles.get(key, "average")
         if role == "local":
@@ -198,7 +208,7 @@ class PRRImb(ModelAveraging):
         personal, deputy = self.work, self.deputy
         personal.load_state_dict(st["personal"])
         deputy.load_state_dict(st["deputy"])
-        stage = self.stage_for(client, st)
+        stage = EXCHANGE if self.single_pass() else self.stage_for(client, st)   # the code's wk_iters < 2: mutual
         weight = self.class_weights(st, rnd)
         opt_p = make_optimizer(personal.parameters(), train["optimizer"])
         opt_d = make_optimizer(deputy.parameters(), train["optimizer"])
@@ -242,6 +252,11 @@ class PRRImb(ModelAveraging):
                             {"loss": float(torch.stack(losses).mean()) if losses else float("nan"), "steps": len(losses),
                              "stage": stage})
 
+    def single_pass(self) -> bool:
+        """One local epoch per round (or a fixed number of steps): the code's mutual-learning branch."""
+        local = self.ctx.train["local"]
+        return "steps" in local or local.get("epochs", 1) == 1
+
     def stage_for(self, client, st) -> int:
         previous = 0 if self.params["reset_stage"] else st["stage"]
         if previous == 0:
@@ -260,7 +275,14 @@ class PRRImb(ModelAveraging):
         return macro_f1(torch.cat(labels).numpy(), torch.cat(preds).numpy()) if labels else 0.0
 
     def class_weights(self, st, rnd) -> torch.Tensor | None:
-        if rnd < self.params["init_rounds"] or self.global_prototypes is None or st["prototype"] is None:
+        if rnd < self.params["init_rounds"]:
+            return None
+        if self.params["prototypes"] == "reset":       # the code's round start: 1-vectors and their global draw
+            ones = torch.ones(self.fed.num_classes, head_of(self.server).in_features)
+            global_ = self.combine_prototypes(ones.expand(len(self.fed.clients), *ones.shape),
+                                              torch.ones(len(self.fed.clients), len(ones), dtype=torch.bool), rnd, "reset")
+            return prototype_weights(ones.to(self.device), global_.to(self.device), self.params["tau"])
+        if self.global_prototypes is None or st["prototype"] is None:
             return None
         return prototype_weights(st["prototype"].to(self.device), self.global_prototypes.to(self.device), self.params["tau"])
 
@@ -276,13 +298,14 @@ class PRRImb(ModelAveraging):
         states = [u.payload for u in updates]
         self.server.load_state_dict(weighted_average(states, weights))            # the evaluated global model
         band = pfa_band(rnd, self.ctx.train["rounds"], self.params["band_start"])
-        for u, state in zip(updates, progressive_fourier_aggregation(states, self.roles, band, weights)):
+        for u, state in zip(updates, progressive_fourier_aggregation(states, self.roles, band)):
             self.clients_state[u.client]["deputy"] = _cpu(state)
         if prototypes:
             self.global_prototypes = self.combine_prototypes(torch.stack(prototypes), torch.stack(present), rnd)
 
-    def combine_prototypes(self, local: torch.Tensor, present: torch.Tensor, rnd: int) -> torch.Tensor:
-        """Mean over the clients holding each class, or a draw from N(mean, max(std, 1))."""
+    def combine_prototypes(self, local: torch.Tensor, present: torch.Tensor, rnd: int, *keys) -> torch.Tensor:
+        """Mean over the clients holding each class, or a draw from N(mean, max(std, 1)) (one draw per
+        round and ``keys``, the same for every client)."""
         w = present.float()[:, :, None]                                   # K x L x 1
         n = w.sum(0).clamp_min(1.0)
         mean = (local * w).sum(0) / n
@@ -290,7 +313,7 @@ class PRRImb(ModelAveraging):
             return mean.cpu()
         var = (((local - mean) ** 2) * w).sum(0) / (n - 1).clamp_min(1.0)
         std = torch.where(n > 1, var.sqrt(), torch.ones_like(var)).clamp_min(1.0)
-        noise = torch.randn(mean.shape, generator=torch_generator(self.ctx.seed, "server", "prr-prototypes", rnd))
+        noise = torch.randn(mean.shape, generator=torch_generator(self.ctx.seed, "server", "prr-prototypes", rnd, *keys))
         return (mean.cpu() + noise * std.cpu())
 
     # ---- evaluation and checkpoints ---------------------------------------------------

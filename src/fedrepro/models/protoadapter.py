@@ -1,6 +1,7 @@
-"""The FedAdapterProto network (Ofosu Mensah, Djoumessi and Berens, arXiv 2507.05852, §2.1; spec §5.1):
+"""The FedAdapterProto network (Ofosu Mensah, Djoumessi and Berens, arXiv 2507.05852, §2.1):
 a timm ResNet with a residual bottleneck adapter after each of its four stages and a ProtoPNet
-prototype layer (Chen et al., "This Looks Like That", NeurIPS 2019) as the classifier.
+prototype layer (Chen et al., "This Looks Like That", NeurIPS 2019) as the classifier. Paper text vs the authors'
+code: docs/papers/fedadapterproto.md.
 
 Adapter (after stage s, D_s channels, r = D_s / reduction):
 
@@ -12,7 +13,8 @@ with P channels, m = K x (prototypes per class) prototypes p_j (P x k x k, initi
     d_j^(h,w) = || z^(h,w) - p_j ||^2      (every k x k patch of z)
     s_j = -min_(h,w) d_j^(h,w)             (activation 'linear', the authors' code; 'log' =
                                             log((d+1)/(d+1e-4)) as in ProtoPNet)
-    logits = W_last s (+ b),  W_last[c, j] = 1 if p_j belongs to class c else -0.5 at init.
+    logits = W_last s (+ b),  W_last[c, j] = 1 if p_j belongs to class c else -0.5 at init
+                              (b: torch's default init; the code never resets it).
 
 The code skips the ResNet max-pool (``skip_maxpool``), so the map is 14 x 14 at 224 px. The same
 family without adapters and with a linear head on the pooled features is the plain ResNet of the
@@ -93,10 +95,8 @@ class PrototypeHead(nn.Module):
                 if isinstance(module, nn.Conv2d):
                     nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
                     nn.init.zeros_(module.bias)
-            with torch.no_grad():
+            with torch.no_grad():      # the bias keeps torch's default init, as in the code
                 self.last_layer.weight.copy_(last_layer_init(identity))
-                if bias:
-                    self.last_layer.bias.zero_()
 
     def forward(self, features: torch.Tensor) -> dict:
         latent = self.add_on(features)

@@ -6,7 +6,8 @@ training patch the prototype was projected onto by the push (so the figure reads
 that").
 
 The figure loads the run's checkpoint (``results/checkpoints/<run>/model.pt``, written by
-:meth:`FedAdapterProto.final_model`: every client's model and the push record), rebuilds the model
+:meth:`FedAdapterProto.final_model`: every client's model, its pushed copy and the push record), takes the
+pushed copies (the prototypes are then training patches; the evaluated models are unpushed), rebuilds the model
 family from the run config and re-runs each client's network on the images. Options
 (``figures.<name>.options``): ``images_from`` (global_test | external), ``class`` (a class name, or
 null for any), ``count`` (images), ``seed`` (which training seed's models; default the first),
@@ -80,7 +81,8 @@ class _ClientNets:
         self.family, self.activation = family, activation
         self.transform = family.eval_transform()
         self.nets = {}
-        for client, state in sorted(checkpoint["clients"].items(), key=lambda kv: client_order(kv[0])):
+        models = checkpoint.get("pushed") or checkpoint["clients"]        # pushed copies when the run pushed
+        for client, state in sorted(models.items(), key=lambda kv: client_order(kv[0])):
             net = family.build()
             net.load_state_dict(state)
             self.nets[client] = net.eval()

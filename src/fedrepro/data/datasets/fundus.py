@@ -1,4 +1,4 @@
-"""Retinal fundus datasets of FedAdapterProto (spec §5.3): EyePACS with clinical sites, APTOS 2019,
+"""Retinal fundus datasets of FedAdapterProto (docs/papers/fedadapterproto.md): EyePACS with clinical sites, APTOS 2019,
 their combination (EyePACS sites for training and testing, APTOS as an external test set), and the
 demo twin of that combination.
 
@@ -178,6 +178,9 @@ def preprocess_images(dataset_dir: Path, relative: list[str], size: int, workers
 # preparers
 
 def _site_name(value) -> str:
+    """The clinical site as text; "" for a row without one."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value).strip()
@@ -193,8 +196,14 @@ def _relative_image_path(path: str, image_set: str) -> str:
 
 @preparer("eyepacs_sites")
 def eyepacs_sites(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
-    """Field-1 images of the ``image_set`` folder with adequate or better quality, binary DR label
-    (grade 0 -> healthy, 1-4 -> diseased), ``source`` = clinical site (as the authors' get_dataset)."""
+    """Field-1 images of the ``image_set`` folder with adequate or better quality and a DR grade,
+    binary DR label (grade 0 -> healthy, 1-4 -> diseased), ``source`` = clinical site ("" where the
+    metadata has none: such rows belong to no site) - the table the authors' get_dataset builds.
+
+    ``metadata_row`` is each image's position in that table (the metadata file's order, counted
+    from 0 after the filters, rows without a site included): the authors' faulty indexing
+    (split kind ``sites_authors_index``) reads positions of this table, not of the manifest, which
+    is sorted by path."""
     opts = spec.options
     base = raw_root / spec.name
     meta_path = base / opts["metadata"]
@@ -210,7 +219,7 @@ def eyepacs_sites(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     keep = (meta["image_path"].astype(str).str.contains(opts["image_set"], regex=False)
             & (meta["image_field"].astype(str).str.strip().str.lower() == opts["field"].lower())
             & meta[quality].astype(str).str.strip().isin(opts["qualities"])
-            & meta["diagnosis_image_dr_level"].notna() & meta["clinical_siteIdentifier"].notna())
+            & meta["diagnosis_image_dr_level"].notna())
     chosen = meta[keep]
     if chosen.empty:
         raise ManifestError(f"{meta_path}: no image passes the filters ({opts['image_set']!r} in image_path, "
@@ -222,9 +231,10 @@ def eyepacs_sites(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
                                 f"(first: {relative[0]}); image_path must be relative to {base}")
     paths = preprocess_images(base, relative, int(opts["crop_size"]))
     grades = chosen["diagnosis_image_dr_level"].astype(int).to_numpy()
+    sites = chosen["clinical_siteIdentifier"]
     rows = [{"path": f"{spec.name}/{path}", "class_name": FUNDUS_CLASSES[int(grade > 0)], "source": _site_name(site),
-             "split": "", "dr_level": int(grade), "original_path": f"{spec.name}/{rel}"}
-            for path, rel, grade, site in zip(paths, relative, grades, chosen["clinical_siteIdentifier"])]
+             "split": "", "dr_level": int(grade), "original_path": f"{spec.name}/{rel}", "metadata_row": position}
+            for position, (path, rel, grade, site) in enumerate(zip(paths, relative, grades, sites))]
     return make_manifest(rows, spec.classes)
 
 

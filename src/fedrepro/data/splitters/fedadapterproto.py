@@ -1,20 +1,25 @@
-"""FedAdapterProto's site split (spec §5.3) and, as an explicitly named option, the authors' faulty
-indexing of it.
+"""FedAdapterProto's site split and, as an explicitly named option, the authors' faulty indexing of
+it (docs/papers/fedadapterproto.md).
 
-Sites are ranked by their number of images (ties by name), unless ``sources`` lists them in order.
-The first ``clients`` sites become one training client each (each then split train/val by
-``ratios``, 80/20 in the paper) and the next one is held out as the global test set: with
-``clients: 4`` that is "the five most frequent sites, four for training and the fifth for testing".
+Sites are ranked by their number of images (ties by name), unless ``sources`` lists them in order;
+rows without a site (source "") belong to none. The first ``clients`` sites become one training
+client each (each then split train/val by ``ratios``, 80/20 in the paper) and the next one is held
+out as the global test set: with ``clients: 4`` that is "the five most frequent sites, four for
+training and the fifth for testing".
 
 ``sites``: correct - every client holds exactly the rows of its site, the test set is the fifth site.
 
 ``sites_authors_index``: what the official code does (``lib/sampling.py::fundus_noniid``): the
 positions of each site's rows are taken in a frame *filtered* to the training sites (re-indexed from
 0) and the test positions in a frame filtered to the test site, and both are then used as rows of the
-*unfiltered* table. The clients therefore get the first ``sum(n_train_sites)`` rows of the table
-regardless of their site, and the "test site" gets rows ``0 .. n_test - 1``, all of which are also
-training or validation rows of some client: the test set leaks into training and the site
-heterogeneity disappears. Offered only to reproduce the published numbers' protocol.
+*unfiltered* table - the authors' metadata table in its file order (after the image-set, field,
+quality and grade filters, rows without a site included), which the manifest keeps as the column
+``metadata_row``. The splitter sees the pool in that order (``pool_order``; a manifest without the
+column, e.g. the demo twin, keeps its own order). The clients therefore get the first
+``sum(n_train_sites)`` rows of the table regardless of their site, and the "test site" gets rows
+``0 .. n_test - 1``, all of which are also training or validation rows of some client: the test set
+leaks into training and the site heterogeneity disappears. Offered only to reproduce the published
+numbers' protocol.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from ..partition import Partition, SplitError, splitter
 
 def ranked_sites(sources: np.ndarray, spec: dict) -> list[str]:
     """Training sites then the held-out site: ``spec['sources']`` in order, or all sites by count."""
-    counts = Counter(sources.tolist())
+    counts = Counter(site for site in sources.tolist() if site != "")
     named = spec.get("sources")
     if named:
         unknown = sorted(set(named) - set(counts))
@@ -58,8 +63,12 @@ def split_sites(labels, sources, spec, rng) -> Partition:
 
 @splitter("sites_authors_index")
 def split_sites_authors_index(labels, sources, spec, rng) -> Partition:
+    """The pool arrives in the authors' table order (``pool_order``); positions index it."""
     train_sites, test_site = site_plan(sources, spec)
     filtered = sources[np.isin(sources, train_sites)]             # the frame filtered to the training sites ...
     clients = [np.flatnonzero(filtered == site) for site in train_sites]   # ... positions in it, re-indexed from 0
     held_out = np.arange(int((sources == test_site).sum()))       # positions in the frame of the test site
     return Partition(clients, held_out)                           # both used as rows of the unfiltered pool
+
+
+split_sites_authors_index.pool_order = "metadata_row"

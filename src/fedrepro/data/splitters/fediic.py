@@ -1,18 +1,21 @@
-"""FedIIC's client sampler: CReFF's Dirichlet sampler with its final equal-size re-cut (spec §3.3).
+"""FedIIC's client sampler: CReFF's Dirichlet sampler with its final equal-size re-cut, as the FedIIC
+code (``utils/sample_dirichlet.py``, taken from CReFF) runs it (docs/papers/fediic.md).
 
-The FedIIC code partitions the training split with the sampler it took from CReFF:
-
-1. shuffle the (index, label) list of the pool;
-2. cut it into groups of at most ``group_size`` (10) workers; each group takes a contiguous share of
-   the shuffled list proportional to its number of workers;
-3. within a group of n workers holding M samples, for every class draw proportions p ~ Dir(alpha 1_n),
-   set to 0 the proportion of every worker that already holds >= M / n samples, renormalise, and cut
-   the class's samples at the cumulative proportions; redraw the whole group until every worker holds
-   at least M / (2n) samples;
+1. list the pool's positions class by class (CReFF's ``classify_label``: class 0's positions in
+   order, then class 1's, ...) and shuffle that list;
+2. cut it into groups of at most ``group_size`` (10) workers: every group but the last takes the next
+   ``int(group_size / clients * n)`` positions (truncated, as the code's ``int()``), the last group
+   the rest;
+3. within a group of n workers holding M samples, for every class (0 .. max label, present or not:
+   the code draws for every class) draw proportions p ~ Dir(alpha 1_n), set to 0 the proportion of
+   every worker that already holds >= M / n samples, renormalise, and cut the class's samples at the
+   cumulative proportions; redraw the whole group until every worker holds at least
+   int(M / (2n)) samples;
 4. concatenate all workers' lists in order and re-cut the concatenation into ``clients`` contiguous
-   chunks of equal size (sizes differ by at most one).
+   chunks of equal size (the first len % clients one longer).
 
-So the final clients are equal-sized and only approximately follow the Dirichlet draws: the
+Given the same random stream (``numpy.random.RandomState(seed)`` for the code's ``seed``) the split is
+the code's. The final clients are equal-sized and only approximately follow the Dirichlet draws: the
 heterogeneity is that of the draws, the sizes are balanced. The generic per-class Dirichlet of
 :mod:`fedrepro.data.partition` (``kind: dirichlet``) is the alternative. When every worker of a group
 is full before a class is placed (all proportions zeroed), that class is spread with equal
@@ -41,7 +44,7 @@ def dirichlet_group(labels: np.ndarray, members: np.ndarray, n_workers: int, alp
     cap = total / n_workers
     for _ in range(MAX_GROUP_DRAWS):
         workers: list[list[int]] = [[] for _ in range(n_workers)]
-        for c in np.unique(labels):
+        for c in range(int(labels.max()) + 1 if len(labels) else 0):
             idx = members[labels[members] == c]
             p = rng.dirichlet(np.full(n_workers, alpha))
             p = p * np.array([len(w) < cap for w in workers])
@@ -65,12 +68,13 @@ def equal_recut(parts: list[np.ndarray], n_clients: int) -> list[np.ndarray]:
 def split_creff(labels, sources, spec, rng):
     n_clients, alpha = spec["clients"], float(spec["alpha"])
     group_size = int(spec.get("group_size", 10))
-    order = rng.permutation(len(labels))
+    by_class = np.argsort(labels, kind="stable")          # classify_label: positions class by class
+    order = by_class[rng.permutation(len(labels))]
     sizes = group_sizes(n_clients, group_size)
     parts: list[np.ndarray] = []
-    start = 0
+    start, step = 0, int(group_size / n_clients * len(order))    # the code's int(), not round()
     for g, n_workers in enumerate(sizes):
-        stop = len(order) if g == len(sizes) - 1 else start + int(round(len(order) * n_workers / n_clients))
+        stop = len(order) if g == len(sizes) - 1 else start + step
         parts += dirichlet_group(labels, order[start:stop], n_workers, alpha, rng)
         start = stop
     return [np.sort(part) for part in equal_recut(parts, n_clients)]
