@@ -348,6 +348,26 @@ def test_recall_at_k_by_hand_and_retrieval_pools():
     assert recall_at_k(sim, 3) == pytest.approx(1.0)
 
 
+def test_retrieval_ties_count_against_the_model():
+    """A collapsed model (every similarity equal) must not score Recall@1 = 100%: a candidate tied
+    with the pair ranks above it."""
+    from fedrepro.metrics import recall_at_k
+    from fedrepro.models.vlp import VisionLanguageFamily
+
+    flat = np.full((6, 6), 0.3)
+    assert recall_at_k(flat, 1) == 0.0 and recall_at_k(flat, 5) == 0.0 and recall_at_k(flat, 6) == 1.0
+    # one tie with the pair: the pair drops from rank 0 to rank 1
+    sim = np.array([[0.5, 0.5, 0.1], [0.0, 0.9, 0.2], [0.1, 0.2, 0.3]])
+    assert recall_at_k(sim, 1) == pytest.approx(2 / 3) and recall_at_k(sim, 2) == pytest.approx(1.0)
+    assert recall_at_k(np.array([[np.nan, 0.1], [0.0, 1.0]]), 1) == pytest.approx(0.5)
+    # the family's pooled retrieval on collapsed embeddings: every image and text the same unit vector
+    family = VisionLanguageFamily.__new__(VisionLanguageFamily)
+    family.cfg = {"retrieval": {"pool": 8, "direction": "both"}}
+    u = np.tile([[1.0, 0.0]], (16, 1))
+    scores = family.retrieval_scores(u, u.copy())
+    assert scores["recall@1"] == 0.0 and scores["recall@5"] == 0.0 and scores["cos_sim"] == pytest.approx(1.0)
+
+
 def test_vlp_family_shapes_offline_minilm_and_stage_parameters():
     from fedrepro.models.vlp import build_text_encoder
 
