@@ -368,6 +368,50 @@ def test_retrieval_ties_count_against_the_model():
     assert scores["recall@1"] == 0.0 and scores["recall@5"] == 0.0 and scores["cos_sim"] == pytest.approx(1.0)
 
 
+def niid_bench_lda(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator, min_require: int = 10):
+    """The label-Dirichlet sampler of NIID-Bench (Li et al.), which FedMAE/SSL-FL and thus FedDRA's
+    LDA split follow, written out: per class id, shuffle, Dir(alpha) proportions, zero for clients
+    holding >= N/K rows, renormalise, cut at the floored cumulative proportions; repeat the whole
+    draw until every client has min_require rows."""
+    n, smallest = len(labels), 0
+    while smallest < min_require:
+        batch = [[] for _ in range(clients)]
+        for c in range(labels.max() + 1):
+            idx = np.where(labels == c)[0]
+            rng.shuffle(idx)
+            props = rng.dirichlet(np.repeat(alpha, clients))
+            props = np.array([p * (len(b) < n / clients) for p, b in zip(props, batch)])
+            props = props / props.sum()
+            cuts = (np.cumsum(props) * len(idx)).astype(int)[:-1]
+            batch = [b + part.tolist() for b, part in zip(batch, np.split(idx, cuts))]
+            smallest = min(len(b) for b in batch)
+    return batch
+
+
+def test_lda_split_is_the_benchmark_sampler_and_caps_client_sizes():
+    from fedrepro.data.partition import SPLITTERS, load_splitters
+
+    load_splitters()
+    rng = np.random.default_rng(0)
+    weights = np.exp(-0.15 * np.arange(32))
+    labels = rng.choice(32, size=20000, p=weights / weights.sum())      # a long-tailed 32-way label, like MIMIC's
+    for seed in range(3):
+        got = SPLITTERS["lda"](labels, None, {"clients": 5, "alpha": 1.0}, np.random.default_rng(seed))
+        want = niid_bench_lda(labels, 5, 1.0, np.random.default_rng(seed))
+        assert [p.tolist() for p in got] == [sorted(b) for b in want]
+    def largest_share(kind, seed):
+        parts = SPLITTERS[kind](labels, None, {"clients": 5, "alpha": 1.0}, np.random.default_rng(seed))
+        return max(map(len, parts)) / len(labels)
+
+    lda_max = [largest_share("lda", s) for s in range(5)]
+    dir_max = [largest_share("dirichlet", s) for s in range(5)]
+    assert max(lda_max) < 0.22 < np.mean(dir_max)      # the cap keeps every client near N/K = 0.2
+    # tiny pools: redrawn until every client holds min_size rows
+    small = np.repeat(np.arange(4), 15)
+    parts = SPLITTERS["lda"](small, None, {"clients": 3, "alpha": 0.1, "min_size": 10}, np.random.default_rng(1))
+    assert min(map(len, parts)) >= 10 and sorted(np.concatenate(parts).tolist()) == list(range(60))
+
+
 def test_vlp_family_shapes_offline_minilm_and_stage_parameters():
     from fedrepro.models.vlp import build_text_encoder
 
