@@ -51,15 +51,17 @@ def test_gloria_local_loss_single_word_region_and_masking():
     # one word and one region: attention = 1, context = the region, Z[k, l] = cos(word_k, region_l)
     s = 1 / math.sqrt(2)
     z = [[s, 0.0], [s, 1.0]]
-    np.testing.assert_allclose(gloria_scores(words, mask, regions).numpy(), z, atol=1e-6)
+    np.testing.assert_allclose(gloria_scores(words, mask, regions, aggregation="paper").numpy(), z, atol=1e-6)
+    # GLoRIA's code: Z = log sum_i exp(gamma2 R_i), not divided by gamma2
+    np.testing.assert_allclose(gloria_scores(words, mask, regions, gamma2=5.0).numpy(), 5.0 * np.array(z), atol=1e-5)
     g3 = 10.0
     expected = (ce([g3 * z[0][0], g3 * z[0][1]], 0) + ce([g3 * z[1][0], g3 * z[1][1]], 1)) / 2 \
         + (ce([g3 * z[0][0], g3 * z[1][0]], 0) + ce([g3 * z[0][1], g3 * z[1][1]], 1)) / 2
-    assert float(gloria_local_loss(words, mask, regions, gamma3=g3)) == pytest.approx(expected, rel=1e-5)
+    assert float(gloria_local_loss(words, mask, regions, gamma3=g3, aggregation="paper")) == pytest.approx(expected, rel=1e-5)
     # a padded second word changes nothing
     padded = torch.cat([words, torch.randn(2, 1, 2)], dim=1)
     pad_mask = torch.tensor([[True, False], [True, False]])
-    assert float(gloria_local_loss(padded, pad_mask, regions, gamma3=g3)) == pytest.approx(expected, rel=1e-5)
+    assert float(gloria_local_loss(padded, pad_mask, regions, gamma3=g3, aggregation="paper")) == pytest.approx(expected, rel=1e-5)
 
 
 def test_token_alignment_loss_hand_computed_and_weighted():
@@ -410,6 +412,24 @@ def test_lda_split_is_the_benchmark_sampler_and_caps_client_sizes():
     small = np.repeat(np.arange(4), 15)
     parts = SPLITTERS["lda"](small, None, {"clients": 3, "alpha": 0.1, "min_size": 10}, np.random.default_rng(1))
     assert min(map(len, parts)) >= 10 and sorted(np.concatenate(parts).tolist()) == list(range(60))
+
+
+
+
+def test_mgca_token_weights_and_attention():
+    from fedrepro.models.vlp_objectives import cross_attention, token_importance
+
+    attention = torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4, 0.0]])
+    mask = attention > 0
+    w = token_importance(attention, mask)
+    # quantiles of [0.1, 0.2, 0.3, 0.4]: 10% = 0.13, 90% = 0.37 -> clipped [0.13, 0.2, 0.3, 0.37], renormalised
+    expected = np.array([0.0, 0.13, 0.2, 0.3, 0.37, 0.0]) / 1.0
+    assert w.numpy() == pytest.approx(expected[None], abs=1e-6)
+    q = torch.tensor([[[1.0, 0.0]]])
+    k = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]]])
+    out = cross_attention(q, k, 1.0, key_mask=torch.tensor([[True, True, False]]))
+    a = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()                  # the masked key gets no weight
+    assert out[0, 0].numpy() == pytest.approx(a[0] * np.array([1.0, 0.0]) + a[1] * np.array([0.0, 1.0]), abs=1e-6)
 
 
 def test_vlp_family_shapes_offline_minilm_and_stage_parameters():
