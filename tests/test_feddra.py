@@ -102,10 +102,14 @@ def test_sinkhorn_equipartition_and_prototype_loss_uniform_case():
 def test_global_constraint_distances():
     from fedrepro.methods.feddra import global_constraint
 
-    u, u_bar = torch.tensor([[1.0, 2.0]]), torch.zeros(1, 2)
+    u, u_bar = torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 2.0]])
     w, w_bar = torch.tensor([[0.0, 3.0]]), torch.tensor([[0.0, 1.0]])
-    assert float(global_constraint(u, u_bar, w, w_bar, "mse")) == pytest.approx((1 + 4) / 2 + (0 + 4) / 2)
-    assert float(global_constraint(u, u_bar, w, w_bar, "sq_l2")) == pytest.approx(5 + 4)
+    # raw: ((3, 2)^2 mean) + ((0, 2)^2 mean)
+    assert float(global_constraint(u, u_bar, w, w_bar, "mse", normalize=False)) == pytest.approx((9 + 4) / 2 + (0 + 4) / 2)
+    assert float(global_constraint(u, u_bar, w, w_bar, "sq_l2", normalize=False)) == pytest.approx(13 + 4)
+    # the code normalises first: u -> (0.6, 0.8), u_bar -> (0, 1), w = w_bar -> (0, 1)
+    assert float(global_constraint(u, u_bar, w, w_bar, "mse")) == pytest.approx((0.36 + 0.04) / 2)
+    assert float(global_constraint(u, u_bar, w, w_bar, "sq_l2")) == pytest.approx(0.36 + 0.04)
     with pytest.raises(ValueError, match="allowed: mse, sq_l2"):
         global_constraint(u, u_bar, w, w_bar, "l1")
 
