@@ -280,6 +280,28 @@ def test_every_baseline_takes_a_local_step(demo_project):
         assert all(math.isfinite(u.stats["loss"]) for u in updates), method
 
 
+def test_fedu_fedema_divergence_code_and_paper_readings(demo_project):
+    """code: the mean per-layer distance the client's online image encoder moved in its last local
+    training; paper: ||W_g - W_k|| between the received global encoder and the client's own."""
+    from fedrepro.methods.selfsup import encoder_layers
+    from fedrepro.seeding import seed_global
+
+    for reading in ("code", "paper"):
+        m, fed = make_method(demo_project, "fedu_gloria", {"divergence": reading}, train={"local": {"steps": 1}})
+        message = m.broadcast(0)
+        start = {k: v.clone() for k, v in message.items()}
+        seed_global(0, "local", 0, 0)
+        own = m.local_update(fed.clients[0], message, 0).payload
+        layers = encoder_layers(m.work)
+        assert layers and all(k.startswith("image_encoder.") and own[k].dim() >= 2 for k in layers)
+        received = {k: v + 0.01 for k, v in start.items()}
+        if reading == "code":
+            want = sum(float((own[k] - start[k]).norm()) for k in layers) / len(layers)
+        else:
+            want = math.sqrt(sum(float(((received[k] - own[k]) ** 2).sum()) for k in layers))
+        assert m.divergence(fed.clients[0], received) == pytest.approx(want, rel=1e-6)
+
+
 # --------------------------------------------------------------------------------------------
 # baselines' update rules
 
@@ -294,7 +316,7 @@ def test_fedema_fedu_ldawa_rules_by_hand():
     assert divergence_aware_mu(4.0, scale) == 1.0
     blended = ema_blend({"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([0.0, 1.0]), "b": torch.tensor([5.0])}, 0.25, ["w"])
     assert blended["w"].tolist() == pytest.approx([0.25, 0.75]) and blended["b"].tolist() == [5.0]
-    assert keep_local_predictor(0.6, 0.5) and not keep_local_predictor(0.4, 0.5)
+    assert keep_local_predictor(0.4, 0.4) and not keep_local_predictor(0.39, 0.4)
     # L-DAWA: client a agrees with the global layer (cos 1), client b is orthogonal (cos 0)
     reference = {"layer": torch.tensor([1.0, 0.0]), "bn": torch.tensor([0.0])}
     a = {"layer": torch.tensor([2.0, 0.0]), "bn": torch.tensor([1.0])}
@@ -307,7 +329,7 @@ def test_fedema_fedu_ldawa_rules_by_hand():
 
 def test_ssl_losses_by_hand():
     from fedrepro.methods.fedx import fedx_losses
-    from fedrepro.methods.selfsup import byol_loss, nt_xent, relation_js
+    from fedrepro.methods.selfsup import byol_loss, nt_xent, relational_loss
 
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     assert float(byol_loss(x, x)) == pytest.approx(0.0, abs=1e-6)
@@ -315,13 +337,21 @@ def test_ssl_losses_by_hand():
     # NT-Xent of [e1, e2] vs [e1, e2] at tau = 1: each row [.., positive 1, negatives 0, 0]
     expected = -1 + math.log(math.e + 2)
     assert float(nt_xent(x, x, 1.0)) == pytest.approx(expected, rel=1e-6)
-    assert float(relation_js(x, x, x, 0.5)) == pytest.approx(0.0, abs=1e-7)
-    # JS between p = softmax([1, 0]) and q = softmax([0, 1]) (anchors e1, e2, tau 1)
+    # identical views at equal temperatures: the mixture is each view's own distribution, KL = 0
+    assert float(relational_loss(x, x, x, 0.5, 0.5)) == pytest.approx(0.0, abs=1e-7)
+    # p = softmax([1, 0]), q = softmax([0, 1]) (anchors e1, e2, tau 1); mixture at tau_t = 1 is uniform:
+    # 1/2 [KL(m || p) + KL(m || q)]
     p = np.exp([1, 0]) / np.exp([1, 0]).sum()
     q, mid = p[::-1], np.full(2, 0.5)
-    js = 0.5 * np.sum(p * np.log(p / mid)) + 0.5 * np.sum(q * np.log(q / mid))
-    assert float(relation_js(x[:1], x[1:], x, 1.0)) == pytest.approx(js, rel=1e-6)
-    terms = fedx_losses(x, x, x, x, 1.0, 1.0)
+    kl = 0.5 * np.sum(mid * np.log(mid / p)) + 0.5 * np.sum(mid * np.log(mid / q))
+    assert float(relational_loss(x[:1], x[1:], x, 1.0, 1.0)) == pytest.approx(kl, rel=1e-6)
+    # a sharper target temperature: the mixture of softmax([2, 0]) and softmax([0, 2])
+    ps = np.exp([2, 0]) / np.exp([2, 0]).sum()
+    mix = 0.5 * (ps + ps[::-1])
+    kl = 0.5 * np.sum(mix * np.log(mix / p)) + 0.5 * np.sum(mix * np.log(mix / q))
+    assert float(relational_loss(x[:1], x[1:], x, 1.0, 0.5)) == pytest.approx(kl, rel=1e-5)
+    z = torch.cat([x, x, x])
+    terms = fedx_losses(z, z, z, 2, 1.0, 1.0, 1.0)
     assert set(terms) == {"local_contrastive", "local_relational", "global_contrastive", "global_relational"}
 
 
