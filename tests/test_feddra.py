@@ -448,6 +448,27 @@ def test_lda_split_is_the_benchmark_sampler_and_caps_client_sizes():
     assert min(map(len, parts)) >= 10 and sorted(np.concatenate(parts).tolist()) == list(range(60))
 
 
+def test_feddra_settings_use_the_lda_sampler_and_publish_every_row():
+    """The MIMIC settings use the LDA sampler; Fig. 3b's turn-25 rows and the last appendix table have
+    targets and published values for every row."""
+    from fedrepro.config import load_project
+    from fedrepro.report.tables import read_published
+
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO)
+    paper = project.papers["feddra"]
+    assert {paper["settings"][s]["split"]["kind"] for s in ("mimic_a1", "mimic_a5", "mimic_a1_c2")} == {"lda"}
+    for table in ("fig3b", "appendix_local"):
+        spec = paper["tables"][table]
+        published = read_published(REPO / "config/published" / spec["published"])
+        rows = [r["label"] for r in spec["rows"]]
+        for row in rows:
+            assert any((row, col) in published for col in ("R@1 C1", "R@5 C1")), (table, row)
+    turn25 = [r for r in paper["tables"]["fig3b"]["rows"] if r["label"].endswith("(25)") and r["label"] != "FedAvg (25)"]
+    assert len(turn25) == 6 and turn25[0]["evals"]["R@1 C2"] == "turn25.client0@client1"
+    assert turn25[-1]["evals"]["R@5 C5"] == "turn25.client4"
+    assert paper["methods"]["local_retrain"]["params"]["federated_rounds"] == 25
+    for objective in ("convirt", "gloria", "mgca"):
+        assert paper["methods"][f"centralized_{objective}"]["params"]["budget"] == "federation"
 
 
 def test_mgca_token_weights_and_attention():

@@ -424,37 +424,64 @@ class VisionLanguageFamily(ModelFamily):
         out["n"] = int(len(u))
         return out
 
+    def _client_scores(self, method, model, fed, key) -> dict[str, float]:
+        """Retrieval scores of ``model`` on every client's test and validation split, ``key(client) + suffix``."""
+        bs, workers, device = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0), method.device
+        metrics = {}
+        for client in fed.clients:
+            for suffix, part in EVAL_SPLITS:
+                data = getattr(client, part)
+                if data is None or len(data) == 0:
+                    continue
+                scores = self.retrieval_scores(*self.embed_dataset(model, data, bs, device, workers))
+                metrics.update({f"{key(client)}{suffix}/{name}": value for name, value in scores.items()})
+        return metrics
+
+    @staticmethod
+    def _mean_over_models(metrics: dict, owners: list[str], clients: list[str], prefix: str = "") -> dict[str, float]:
+        """A data client's score = the mean over the models (``<prefix><owner>@<client>``), as the
+        paper reports local training ("Local.avg")."""
+        out = {}
+        for client in clients:
+            for suffix, _ in EVAL_SPLITS:
+                for name in RETRIEVAL_METRICS:
+                    values = [metrics.get(f"{prefix}{o}@{client}{suffix}/{name}") for o in owners]
+                    if all(v is not None for v in values):
+                        out[f"{prefix}{client}{suffix}/{name}"] = float(np.mean(values))
+        return out
+
     def evaluate(self, method, fed) -> tuple[dict, dict]:
         """Retrieval on every client's test (and validation) split. A personalized method (e.g.
         decentralized training) is scored with every client's model on every client's split,
         ``<model client>@<data client>``; a client's score is then the mean over the models, as the
         paper reports local training ("Local.avg")."""
-        bs, workers, device = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0), method.device
-        splits = [("", "test"), (".val", "val")]
         metrics: dict[str, float] = {}
-        owners = fed.clients if method.personalized else [None]
-        for owner in owners:
-            model = method.model_for(owner)
-            for client in fed.clients:
-                for suffix, part in splits:
-                    data = getattr(client, part)
-                    if data is None or len(data) == 0:
-                        continue
-                    scores = self.retrieval_scores(*self.embed_dataset(model, data, bs, device, workers))
-                    key = f"{client.name}{suffix}" if owner is None else f"{owner.name}@{client.name}{suffix}"
-                    metrics.update({f"{key}/{name}": value for name, value in scores.items()})
-            if owner is None and fed.global_test is not None and len(fed.global_test):
-                scores = self.retrieval_scores(*self.embed_dataset(model, fed.global_test, bs, device, workers))
+        names = [c.name for c in fed.clients]
+        if method.personalized:
+            for owner in fed.clients:
+                model = method.model_for(owner)
+                metrics.update(self._client_scores(method, model, fed, lambda c, o=owner: f"{o.name}@{c.name}"))
+            metrics.update(self._mean_over_models(metrics, names, names))
+        else:
+            model = method.model_for(None)
+            metrics.update(self._client_scores(method, model, fed, lambda c: c.name))
+            if fed.global_test is not None and len(fed.global_test):
+                bs, workers = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0)
+                scores = self.retrieval_scores(*self.embed_dataset(model, fed.global_test, bs, method.device, workers))
                 metrics.update({f"global/{name}": value for name, value in scores.items()})
-        if method.personalized:   # a client's score = mean over the local models
-            for client in fed.clients:
-                for suffix, _ in splits:
-                    for name in RETRIEVAL_METRICS:
-                        values = [metrics.get(f"{o.name}@{client.name}{suffix}/{name}") for o in owners]
-                        if all(v is not None for v in values):
-                            metrics[f"{client.name}{suffix}/{name}"] = float(np.mean(values))
-        metrics.update(summarise_clients(metrics, [c.name for c in fed.clients]))
+        metrics.update(summarise_clients(metrics, names))
         return metrics, {}
+
+    def score_models(self, method, fed, states: dict[str, dict], prefix: str) -> dict[str, float]:
+        """Retrieval of extra client models (``states``: owner -> state dict, loaded into the method's
+        working model) on every client's split, ``<prefix><owner>@<client>`` and the mean over the
+        models ``<prefix><client>``."""
+        metrics: dict[str, float] = {}
+        for owner, state in states.items():
+            method.work.load_state_dict({k: v.to(method.device) for k, v in state.items()})
+            metrics.update(self._client_scores(method, method.work, fed, lambda c, o=owner: f"{prefix}{o}@{c.name}"))
+        metrics.update(self._mean_over_models(metrics, list(states), [c.name for c in fed.clients], prefix))
+        return metrics
 
 
 def require_vlp(method) -> None:
