@@ -51,15 +51,17 @@ def test_gloria_local_loss_single_word_region_and_masking():
     # one word and one region: attention = 1, context = the region, Z[k, l] = cos(word_k, region_l)
     s = 1 / math.sqrt(2)
     z = [[s, 0.0], [s, 1.0]]
-    np.testing.assert_allclose(gloria_scores(words, mask, regions).numpy(), z, atol=1e-6)
+    np.testing.assert_allclose(gloria_scores(words, mask, regions, aggregation="paper").numpy(), z, atol=1e-6)
+    # GLoRIA's code: Z = log sum_i exp(gamma2 R_i), not divided by gamma2
+    np.testing.assert_allclose(gloria_scores(words, mask, regions, gamma2=5.0).numpy(), 5.0 * np.array(z), atol=1e-5)
     g3 = 10.0
     expected = (ce([g3 * z[0][0], g3 * z[0][1]], 0) + ce([g3 * z[1][0], g3 * z[1][1]], 1)) / 2 \
         + (ce([g3 * z[0][0], g3 * z[1][0]], 0) + ce([g3 * z[0][1], g3 * z[1][1]], 1)) / 2
-    assert float(gloria_local_loss(words, mask, regions, gamma3=g3)) == pytest.approx(expected, rel=1e-5)
+    assert float(gloria_local_loss(words, mask, regions, gamma3=g3, aggregation="paper")) == pytest.approx(expected, rel=1e-5)
     # a padded second word changes nothing
     padded = torch.cat([words, torch.randn(2, 1, 2)], dim=1)
     pad_mask = torch.tensor([[True, False], [True, False]])
-    assert float(gloria_local_loss(padded, pad_mask, regions, gamma3=g3)) == pytest.approx(expected, rel=1e-5)
+    assert float(gloria_local_loss(padded, pad_mask, regions, gamma3=g3, aggregation="paper")) == pytest.approx(expected, rel=1e-5)
 
 
 def test_token_alignment_loss_hand_computed_and_weighted():
@@ -100,10 +102,14 @@ def test_sinkhorn_equipartition_and_prototype_loss_uniform_case():
 def test_global_constraint_distances():
     from fedrepro.methods.feddra import global_constraint
 
-    u, u_bar = torch.tensor([[1.0, 2.0]]), torch.zeros(1, 2)
+    u, u_bar = torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 2.0]])
     w, w_bar = torch.tensor([[0.0, 3.0]]), torch.tensor([[0.0, 1.0]])
-    assert float(global_constraint(u, u_bar, w, w_bar, "mse")) == pytest.approx((1 + 4) / 2 + (0 + 4) / 2)
-    assert float(global_constraint(u, u_bar, w, w_bar, "sq_l2")) == pytest.approx(5 + 4)
+    # raw: ((3, 2)^2 mean) + ((0, 2)^2 mean)
+    assert float(global_constraint(u, u_bar, w, w_bar, "mse", normalize=False)) == pytest.approx((9 + 4) / 2 + (0 + 4) / 2)
+    assert float(global_constraint(u, u_bar, w, w_bar, "sq_l2", normalize=False)) == pytest.approx(13 + 4)
+    # the code normalises first: u -> (0.6, 0.8), u_bar -> (0, 1), w = w_bar -> (0, 1)
+    assert float(global_constraint(u, u_bar, w, w_bar, "mse")) == pytest.approx((0.36 + 0.04) / 2)
+    assert float(global_constraint(u, u_bar, w, w_bar, "sq_l2")) == pytest.approx(0.36 + 0.04)
     with pytest.raises(ValueError, match="allowed: mse, sq_l2"):
         global_constraint(u, u_bar, w, w_bar, "l1")
 
@@ -274,6 +280,28 @@ def test_every_baseline_takes_a_local_step(demo_project):
         assert all(math.isfinite(u.stats["loss"]) for u in updates), method
 
 
+def test_fedu_fedema_divergence_code_and_paper_readings(demo_project):
+    """code: the mean per-layer distance the client's online image encoder moved in its last local
+    training; paper: ||W_g - W_k|| between the received global encoder and the client's own."""
+    from fedrepro.methods.selfsup import encoder_layers
+    from fedrepro.seeding import seed_global
+
+    for reading in ("code", "paper"):
+        m, fed = make_method(demo_project, "fedu_gloria", {"divergence": reading}, train={"local": {"steps": 1}})
+        message = m.broadcast(0)
+        start = {k: v.clone() for k, v in message.items()}
+        seed_global(0, "local", 0, 0)
+        own = m.local_update(fed.clients[0], message, 0).payload
+        layers = encoder_layers(m.work)
+        assert layers and all(k.startswith("image_encoder.") and own[k].dim() >= 2 for k in layers)
+        received = {k: v + 0.01 for k, v in start.items()}
+        if reading == "code":
+            want = sum(float((own[k] - start[k]).norm()) for k in layers) / len(layers)
+        else:
+            want = math.sqrt(sum(float(((received[k] - own[k]) ** 2).sum()) for k in layers))
+        assert m.divergence(fed.clients[0], received) == pytest.approx(want, rel=1e-6)
+
+
 # --------------------------------------------------------------------------------------------
 # baselines' update rules
 
@@ -288,7 +316,7 @@ def test_fedema_fedu_ldawa_rules_by_hand():
     assert divergence_aware_mu(4.0, scale) == 1.0
     blended = ema_blend({"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([0.0, 1.0]), "b": torch.tensor([5.0])}, 0.25, ["w"])
     assert blended["w"].tolist() == pytest.approx([0.25, 0.75]) and blended["b"].tolist() == [5.0]
-    assert keep_local_predictor(0.6, 0.5) and not keep_local_predictor(0.4, 0.5)
+    assert keep_local_predictor(0.4, 0.4) and not keep_local_predictor(0.39, 0.4)
     # L-DAWA: client a agrees with the global layer (cos 1), client b is orthogonal (cos 0)
     reference = {"layer": torch.tensor([1.0, 0.0]), "bn": torch.tensor([0.0])}
     a = {"layer": torch.tensor([2.0, 0.0]), "bn": torch.tensor([1.0])}
@@ -301,7 +329,7 @@ def test_fedema_fedu_ldawa_rules_by_hand():
 
 def test_ssl_losses_by_hand():
     from fedrepro.methods.fedx import fedx_losses
-    from fedrepro.methods.selfsup import byol_loss, nt_xent, relation_js
+    from fedrepro.methods.selfsup import byol_loss, nt_xent, relational_loss
 
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     assert float(byol_loss(x, x)) == pytest.approx(0.0, abs=1e-6)
@@ -309,13 +337,21 @@ def test_ssl_losses_by_hand():
     # NT-Xent of [e1, e2] vs [e1, e2] at tau = 1: each row [.., positive 1, negatives 0, 0]
     expected = -1 + math.log(math.e + 2)
     assert float(nt_xent(x, x, 1.0)) == pytest.approx(expected, rel=1e-6)
-    assert float(relation_js(x, x, x, 0.5)) == pytest.approx(0.0, abs=1e-7)
-    # JS between p = softmax([1, 0]) and q = softmax([0, 1]) (anchors e1, e2, tau 1)
+    # identical views at equal temperatures: the mixture is each view's own distribution, KL = 0
+    assert float(relational_loss(x, x, x, 0.5, 0.5)) == pytest.approx(0.0, abs=1e-7)
+    # p = softmax([1, 0]), q = softmax([0, 1]) (anchors e1, e2, tau 1); mixture at tau_t = 1 is uniform:
+    # 1/2 [KL(m || p) + KL(m || q)]
     p = np.exp([1, 0]) / np.exp([1, 0]).sum()
     q, mid = p[::-1], np.full(2, 0.5)
-    js = 0.5 * np.sum(p * np.log(p / mid)) + 0.5 * np.sum(q * np.log(q / mid))
-    assert float(relation_js(x[:1], x[1:], x, 1.0)) == pytest.approx(js, rel=1e-6)
-    terms = fedx_losses(x, x, x, x, 1.0, 1.0)
+    kl = 0.5 * np.sum(mid * np.log(mid / p)) + 0.5 * np.sum(mid * np.log(mid / q))
+    assert float(relational_loss(x[:1], x[1:], x, 1.0, 1.0)) == pytest.approx(kl, rel=1e-6)
+    # a sharper target temperature: the mixture of softmax([2, 0]) and softmax([0, 2])
+    ps = np.exp([2, 0]) / np.exp([2, 0]).sum()
+    mix = 0.5 * (ps + ps[::-1])
+    kl = 0.5 * np.sum(mix * np.log(mix / p)) + 0.5 * np.sum(mix * np.log(mix / q))
+    assert float(relational_loss(x[:1], x[1:], x, 1.0, 0.5)) == pytest.approx(kl, rel=1e-5)
+    z = torch.cat([x, x, x])
+    terms = fedx_losses(z, z, z, 2, 1.0, 1.0, 1.0)
     assert set(terms) == {"local_contrastive", "local_relational", "global_contrastive", "global_relational"}
 
 
@@ -346,6 +382,109 @@ def test_recall_at_k_by_hand_and_retrieval_pools():
     assert recall_at_k(sim, 1) == pytest.approx(1 / 3)
     assert recall_at_k(sim, 2) == pytest.approx(2 / 3)
     assert recall_at_k(sim, 3) == pytest.approx(1.0)
+
+
+def test_retrieval_ties_count_against_the_model():
+    """A collapsed model (every similarity equal) must not score Recall@1 = 100%: a candidate tied
+    with the pair ranks above it."""
+    from fedrepro.metrics import recall_at_k
+    from fedrepro.models.vlp import VisionLanguageFamily
+
+    flat = np.full((6, 6), 0.3)
+    assert recall_at_k(flat, 1) == 0.0 and recall_at_k(flat, 5) == 0.0 and recall_at_k(flat, 6) == 1.0
+    # one tie with the pair: the pair drops from rank 0 to rank 1
+    sim = np.array([[0.5, 0.5, 0.1], [0.0, 0.9, 0.2], [0.1, 0.2, 0.3]])
+    assert recall_at_k(sim, 1) == pytest.approx(2 / 3) and recall_at_k(sim, 2) == pytest.approx(1.0)
+    assert recall_at_k(np.array([[np.nan, 0.1], [0.0, 1.0]]), 1) == pytest.approx(0.5)
+    # the family's pooled retrieval on collapsed embeddings: every image and text the same unit vector
+    family = VisionLanguageFamily.__new__(VisionLanguageFamily)
+    family.cfg = {"retrieval": {"pool": 8, "direction": "both"}}
+    u = np.tile([[1.0, 0.0]], (16, 1))
+    scores = family.retrieval_scores(u, u.copy())
+    assert scores["recall@1"] == 0.0 and scores["recall@5"] == 0.0 and scores["cos_sim"] == pytest.approx(1.0)
+
+
+def niid_bench_lda(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator, min_require: int = 10):
+    """The label-Dirichlet sampler of NIID-Bench (Li et al.), which FedMAE/SSL-FL and thus FedDRA's
+    LDA split follow, written out: per class id, shuffle, Dir(alpha) proportions, zero for clients
+    holding >= N/K rows, renormalise, cut at the floored cumulative proportions; repeat the whole
+    draw until every client has min_require rows."""
+    n, smallest = len(labels), 0
+    while smallest < min_require:
+        batch = [[] for _ in range(clients)]
+        for c in range(labels.max() + 1):
+            idx = np.where(labels == c)[0]
+            rng.shuffle(idx)
+            props = rng.dirichlet(np.repeat(alpha, clients))
+            props = np.array([p * (len(b) < n / clients) for p, b in zip(props, batch)])
+            props = props / props.sum()
+            cuts = (np.cumsum(props) * len(idx)).astype(int)[:-1]
+            batch = [b + part.tolist() for b, part in zip(batch, np.split(idx, cuts))]
+            smallest = min(len(b) for b in batch)
+    return batch
+
+
+def test_lda_split_is_the_benchmark_sampler_and_caps_client_sizes():
+    from fedrepro.data.partition import SPLITTERS, load_splitters
+
+    load_splitters()
+    rng = np.random.default_rng(0)
+    weights = np.exp(-0.15 * np.arange(32))
+    labels = rng.choice(32, size=20000, p=weights / weights.sum())      # a long-tailed 32-way label, like MIMIC's
+    for seed in range(3):
+        got = SPLITTERS["lda"](labels, None, {"clients": 5, "alpha": 1.0}, np.random.default_rng(seed))
+        want = niid_bench_lda(labels, 5, 1.0, np.random.default_rng(seed))
+        assert [p.tolist() for p in got] == [sorted(b) for b in want]
+    def largest_share(kind, seed):
+        parts = SPLITTERS[kind](labels, None, {"clients": 5, "alpha": 1.0}, np.random.default_rng(seed))
+        return max(map(len, parts)) / len(labels)
+
+    lda_max = [largest_share("lda", s) for s in range(5)]
+    dir_max = [largest_share("dirichlet", s) for s in range(5)]
+    assert max(lda_max) < 0.22 < np.mean(dir_max)      # the cap keeps every client near N/K = 0.2
+    # tiny pools: redrawn until every client holds min_size rows
+    small = np.repeat(np.arange(4), 15)
+    parts = SPLITTERS["lda"](small, None, {"clients": 3, "alpha": 0.1, "min_size": 10}, np.random.default_rng(1))
+    assert min(map(len, parts)) >= 10 and sorted(np.concatenate(parts).tolist()) == list(range(60))
+
+
+def test_feddra_settings_use_the_lda_sampler_and_publish_every_row():
+    """The MIMIC settings use the LDA sampler; Fig. 3b's turn-25 rows and the last appendix table have
+    targets and published values for every row."""
+    from fedrepro.config import load_project
+    from fedrepro.report.tables import read_published
+
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO)
+    paper = project.papers["feddra"]
+    assert {paper["settings"][s]["split"]["kind"] for s in ("mimic_a1", "mimic_a5", "mimic_a1_c2")} == {"lda"}
+    for table in ("fig3b", "appendix_local"):
+        spec = paper["tables"][table]
+        published = read_published(REPO / "config/published" / spec["published"])
+        rows = [r["label"] for r in spec["rows"]]
+        for row in rows:
+            assert any((row, col) in published for col in ("R@1 C1", "R@5 C1")), (table, row)
+    turn25 = [r for r in paper["tables"]["fig3b"]["rows"] if r["label"].endswith("(25)") and r["label"] != "FedAvg (25)"]
+    assert len(turn25) == 6 and turn25[0]["evals"]["R@1 C2"] == "turn25.client0@client1"
+    assert turn25[-1]["evals"]["R@5 C5"] == "turn25.client4"
+    assert paper["methods"]["local_retrain"]["params"]["federated_rounds"] == 25
+    for objective in ("convirt", "gloria", "mgca"):
+        assert paper["methods"][f"centralized_{objective}"]["params"]["budget"] == "federation"
+
+
+def test_mgca_token_weights_and_attention():
+    from fedrepro.models.vlp_objectives import cross_attention, token_importance
+
+    attention = torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4, 0.0]])
+    mask = attention > 0
+    w = token_importance(attention, mask)
+    # quantiles of [0.1, 0.2, 0.3, 0.4]: 10% = 0.13, 90% = 0.37 -> clipped [0.13, 0.2, 0.3, 0.37], renormalised
+    expected = np.array([0.0, 0.13, 0.2, 0.3, 0.37, 0.0]) / 1.0
+    assert w.numpy() == pytest.approx(expected[None], abs=1e-6)
+    q = torch.tensor([[[1.0, 0.0]]])
+    k = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]]])
+    out = cross_attention(q, k, 1.0, key_mask=torch.tensor([[True, True, False]]))
+    a = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()                  # the masked key gets no weight
+    assert out[0, 0].numpy() == pytest.approx(a[0] * np.array([1.0, 0.0]) + a[1] * np.array([0.0, 1.0]), abs=1e-6)
 
 
 def test_vlp_family_shapes_offline_minilm_and_stage_parameters():

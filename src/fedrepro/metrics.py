@@ -192,13 +192,17 @@ def net_benefit_treat_all(y_true: np.ndarray, num_classes: int, thresholds: np.n
     return np.mean(prevalence[:, None] - (1 - prevalence)[:, None] * (t / (1 - t))[None, :], axis=0)
 def recall_at_k(similarity: np.ndarray, k: int) -> float:
     """Retrieval Recall@k: the fraction of queries (rows) whose paired item (the same index) is among
-    the ``k`` most similar candidates (columns). A candidate tied with the pair counts as ranked below
-    it (rank = number of strictly more similar candidates)."""
+    the ``k`` most similar candidates (columns). Ties count against the model: every other candidate
+    at least as similar as the pair ranks above it (rank = number of such candidates), so a
+    collapsed model whose similarities are all equal scores 0 on any pool of more than k items; a
+    NaN similarity of the pair is a miss."""
     similarity = np.asarray(similarity, dtype=float)
     if not similarity.size:
         return float("nan")
     paired = np.diag(similarity)[:, None]
-    rank = (similarity > paired).sum(axis=1)
+    others = ~np.eye(*similarity.shape, dtype=bool)
+    rank = ((similarity >= paired) & others).sum(axis=1)
+    rank = np.where(np.isnan(paired[:, 0]), similarity.shape[1], rank)
     return float(np.mean(rank < k))
 
 

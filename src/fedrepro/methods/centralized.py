@@ -1,11 +1,19 @@
 """Centralized training: the pooled-data reference the papers list above their FL methods.
 
 All clients' training (and validation) data are pooled into one participant, which trains the
-same model family with the same local work per round; evaluation still reports every original
-client's test split and the global test set, so the numbers line up with the federated rows.
+same model family; evaluation still reports every original client's test split and the global test
+set, so the numbers line up with the federated rows.
+
+The local work per round (``params.budget``): ``client`` = one client's local work (``train.local``
+as it is: with ``local.steps`` the pooled model takes 1/K of the federation's gradient steps);
+``federation`` = the federation's total, K times ``local.steps`` per round, so centralized and
+federated pre-training see the same number of batches (FedDRA's Centralized / FedGlobal rows). With
+``local.epochs`` the two coincide: an epoch over the pooled data is one over every client's data.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch
@@ -37,3 +45,10 @@ class Centralized(ModelAveraging):
 
     def participants(self) -> list[ClientData]:
         return [self.pooled]
+
+    def local_config(self, client, rnd):
+        train = self.ctx.train
+        if self.params.get("budget", "client") == "federation" and "steps" in train["local"]:
+            train = copy.deepcopy(train)
+            train["local"]["steps"] *= len(self.fed.clients)
+        return train

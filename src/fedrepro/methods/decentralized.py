@@ -1,4 +1,4 @@
-"""Decentralized (local-only) training: the lower reference of FedDRA's tables (spec §4.4).
+"""Decentralized (local-only) training: the lower reference of FedDRA's tables (docs/papers/feddra.md).
 
 Every client trains its own model on its own data and nothing is communicated or aggregated; the
 method is evaluated with every client's model (the paper reports "the averaged performance of the
@@ -6,7 +6,11 @@ local models": retrieval per client = mean over the local models, downstream = m
 
 With ``federated_rounds = R > 0`` the first R rounds are plain FedAvg and every later round is local
 training that starts from the client's own previous model (the first local round from the round-R
-global model): the "local re-training after 25 communication turns" of Fig. 3b.
+global model): the "local re-training after 25 communication turns" of Fig. 3b. The client models
+of round R itself (each client's model after its local training in that round, before the
+aggregation that makes the round-R server) are kept too and scored on every client's split as
+``turn<R>.<model client>@<data client>`` and ``turn<R>.<data client>`` (mean over the models): the
+figure's turn-25 rows.
 
 With ``shallow_rounds = S > 0`` the last S rounds re-train only the shallow layers (patch/word
 embeddings and the first ``shallow_blocks`` transformer blocks of both encoders) of every client's
@@ -28,6 +32,7 @@ class Decentralized(ModelAveraging):
     def setup(self) -> None:
         super().setup()
         self.local_states: dict[str, dict] = {}     # client -> its own full model after its last local round
+        self.turn_states: dict[str, dict] = {}      # client -> its model after local training in round R
         self.rnd = 0
         if self.params["shallow_rounds"]:
             if not hasattr(self.work, "shallow_parameters"):
@@ -62,6 +67,8 @@ class Decentralized(ModelAveraging):
         if self.shallow_phase(rnd):   # client k's own model, trained on everyone's data
             data = ClientData(client.name, client.index, self.pooled, client.val, client.test)
         update = super().local_update(data, message, rnd)
+        if self.params["federated_rounds"] and rnd == self.params["federated_rounds"] - 1:
+            self.turn_states[client.name] = _cpu(self.work.state_dict())
         if self.local_phase(rnd):
             self.local_states[client.name] = _cpu(self.work.state_dict())
             update.payload = {}          # nothing leaves the client
@@ -76,12 +83,19 @@ class Decentralized(ModelAveraging):
             return self.server
         return self.load_client_model(client, {})
 
+    def evaluate(self, fed):
+        metrics, preds = super().evaluate(fed)
+        if self.turn_states and hasattr(self.family, "score_models"):
+            metrics.update(self.family.score_models(self, fed, self.turn_states, f"turn{self.params['federated_rounds']}."))
+        return metrics, preds
+
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "local": self.local_states}
+        return {**super().state_dict(), "local": self.local_states, "turn": self.turn_states}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.local_states = state["local"]
+        self.turn_states = state.get("turn", {})
 
     def final_model(self) -> dict:
         """The server model (the initial or round-R global model) and every client's own model;

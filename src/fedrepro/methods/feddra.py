@@ -1,18 +1,29 @@
 """FedDRA: Federated Distributionally Robust Alignment for medical vision-language pre-training
-under data heterogeneity (TMLR; arXiv 2404.03854v3). The seed text lost its equations; they are
-rebuilt here from the prose and the authors' code (spec/papers.md §4.1).
+under data heterogeneity (TMLR; arXiv 2404.03854v3). The paper text we have lost its equations;
+they are rebuilt here from the prose and the authors' code (docs/papers/feddra.md).
 
 Model: dual encoders E_I, E_T, alignment modules A_I, A_T (one transformer block each) and heads
 g_I, g_T (the ``vlp`` family); u = g_I(A_I(E_I(x))), w = g_T(A_T(E_T(t))).
 
 **Global constraint (§4.1, eq. 1).** With ū, w̄ the embeddings of the same (x, t) by the frozen
-global model the client received, the local objective is
+global (anchor) model, the local objective is
 
-    L_k = L_VLP(u, w) + λ_c · L_con,     L_con = ‖u − ū‖² + ‖w − w̄‖²,
+    L_k = L_VLP(u, w) + λ_c · L_con,     L_con = ‖û − ū̂‖² + ‖ŵ − w̄̂‖²,   x̂ = x / ‖x‖,
 
 where L_VLP is the backbone objective (ConVIRT InfoNCE, or GLoRIA / MGCA with their extra terms)
-and λ_c the constraint degree. The code uses ``F.mse_loss`` (mean over batch and dimensions,
-``constraint_distance: mse``, default); ``sq_l2`` sums over dimensions as the paper writes it.
+and λ_c the constraint degree. The four embeddings are L2-normalised before the distance, as the
+authors' code does (``constraint_space: normalized``; the heads end in a non-affine BatchNorm, so a
+raw ‖u‖² is about the embedding dimension, 128, and ``raw`` makes the constraint ~128x stronger).
+The code uses ``F.mse_loss`` (mean over batch and dimensions, ``constraint_distance: mse``,
+default); ``sq_l2`` sums over dimensions as the paper writes it.
+
+The anchor, as the code keeps it (``anchor: code``, default): a separately built copy of the
+model (its own random alignment blocks and heads; pretrained encoders load the same weights) whose
+alignment blocks and heads are overwritten by the aggregate after every stage-1 round, and whose
+encoders and heads (everything but the alignment blocks) after every stage-2 round. So in stage 2
+the anchor is the model the client received, while in stage 1 its alignment blocks are those of the
+previous turn's stage-1 aggregate. ``anchor: received`` = the paper's reading: always the model
+the client received.
 
 **Two-stage alignment (§4.2).** Stage 1 trains A_I, A_T and the heads with E_I, E_T frozen
 (run under no_grad); stage 2 trains everything; both with L_k. The code runs both stages inside
@@ -26,11 +37,13 @@ first ``stage1_rounds`` rounds and stage 2 afterwards.
 
     λ̃_k ∝ λ_k exp(η_λ R_k),     λ ← Proj_{Λ_ρ}(λ̃),
 
-with R_k the backbone's contrastive loss of the aggregated model on a fixed subset of client k's
-training data. How λ acts is ``dro.apply``: ``step_size`` (default; the paper's update — client k's
-learning rate times Kλ_k, so uniform λ changes nothing), ``loss_scale`` (the code: the loss is
-multiplied by λ_k, which Adam's invariance to a constant loss scale almost cancels, spec §0.3) or
-``aggregation_weight`` (the server averages with weights λ).
+with R_k the loss of the aggregated model on a fixed subset (10%, evaluation transform) of
+client k's training data: as the code's test loss, the mean over batches of L_ITA + L_con against
+the anchor (``dro.risk: code``; its alignment blocks then still hold the stage-1 aggregate), or the
+contrastive term alone (``dro.risk: contrastive``). How λ acts is ``dro.apply``: ``step_size``
+(default; the paper's update — client k's learning rate times Kλ_k, so uniform λ changes
+nothing), ``loss_scale`` (the code: the loss is multiplied by λ_k, which Adam's invariance to a
+constant loss scale almost cancels) or ``aggregation_weight`` (the server averages with weights λ).
 """
 
 from __future__ import annotations
@@ -43,17 +56,20 @@ import torch.nn.functional as F
 from torch.utils.data import Subset
 
 from ..fl.local import batches, to_device
-from ..fl.method import ModelAveraging
+from ..fl.method import ModelAveraging, _cpu
 from ..models.vlp import require_vlp
-from ..seeding import numpy_rng
+from ..seeding import numpy_rng, seed_global
 
 
 # --------------------------------------------------------------------------------------------
 # the global constraint
 
 def global_constraint(u: torch.Tensor, u_bar: torch.Tensor, w: torch.Tensor, w_bar: torch.Tensor,
-                      distance: str = "mse") -> torch.Tensor:
-    """L_con between the local (u, w) and the frozen global (ū, w̄) embeddings of the same pairs."""
+                      distance: str = "mse", normalize: bool = True) -> torch.Tensor:
+    """L_con between the local (u, w) and the frozen global (ū, w̄) embeddings of the same pairs;
+    with ``normalize`` all four are L2-normalised first (the authors' code)."""
+    if normalize:
+        u, u_bar, w, w_bar = (F.normalize(t, dim=-1) for t in (u, u_bar, w, w_bar))
     if distance == "mse":
         return F.mse_loss(u, u_bar) + F.mse_loss(w, w_bar)
     if distance == "sq_l2":
@@ -127,6 +143,10 @@ def dro_update(lam: np.ndarray, risks: np.ndarray, step: float, radius: float) -
 
 # --------------------------------------------------------------------------------------------
 
+ALIGNMENT_BLOCKS = ("image_align.", "text_align.")
+HEADS = ("image_head.", "text_head.")
+
+
 class FedDRA(ModelAveraging):
     def setup(self) -> None:
         require_vlp(self)
@@ -136,13 +156,20 @@ class FedDRA(ModelAveraging):
         self.last_risks = np.full(k, np.nan)
         self.stage = 2
         self.anchor = copy.deepcopy(self.work).requires_grad_(False)
+        if self.params["anchor"] == "code":
+            # the code's global_* modules: built on their own (independent random alignment blocks and heads)
+            seed_global(self.ctx.seed, "anchor-init")
+            self.anchor_state = _cpu(self.build_model().state_dict())
+        else:
+            self.anchor_state = None
         dro = self.params["dro"]
+        eval_transform = self.family.eval_transform()
         self.risk_sets = {}
         for client in self.fed.clients:
             n = len(client.train)
-            size = max(1, int(round(dro["risk_fraction"] * n)))
-            rows = np.sort(numpy_rng(self.ctx.seed, "dro-risk", client.index).choice(n, size=min(size, n), replace=False))
-            self.risk_sets[client.name] = Subset(client.train, rows.tolist())
+            size = min(n, max(1, int(dro["risk_fraction"] * n)))
+            rows = np.sort(numpy_rng(self.ctx.seed, "dro-risk", client.index).choice(n, size=size, replace=False))
+            self.risk_sets[client.name] = Subset(_with_transform(client.train, eval_transform), rows.tolist())
 
     # ---- the schedule ---------------------------------------------------------------------
     def stage_of(self, rnd: int) -> int:
@@ -174,8 +201,15 @@ class FedDRA(ModelAveraging):
 
     # ---- local training ---------------------------------------------------------------------
     def before_local_training(self, client, rnd):
-        self.anchor.load_state_dict(self.work.state_dict())      # the global model this client received
+        if self.anchor_state is None:      # the global model this client received
+            self.anchor.load_state_dict(self.work.state_dict())
+        else:
+            self.anchor.load_state_dict({k: v.to(self.device) for k, v in self.anchor_state.items()})
         self.anchor.train(self.params["anchor_mode"] == "train")
+
+    def constraint(self, out, ref) -> torch.Tensor:
+        return global_constraint(out.extra["image_emb"], ref["image_emb"], out.extra["text_emb"], ref["text_emb"],
+                                 self.params["constraint_distance"], self.params["constraint_space"] == "normalized")
 
     def local_loss(self, model, batch, client, rnd):
         out = self.family.forward(model, batch, freeze_encoders=self.stage == 1)
@@ -183,9 +217,7 @@ class FedDRA(ModelAveraging):
         if self.params["constraint_weight"] > 0:
             with torch.no_grad():
                 ref = self.family.forward(self.anchor, batch).extra
-            loss = loss + self.params["constraint_weight"] * global_constraint(
-                out.extra["image_emb"], ref["image_emb"], out.extra["text_emb"], ref["text_emb"],
-                self.params["constraint_distance"])
+            loss = loss + self.params["constraint_weight"] * self.constraint(out, ref)
         if self.params["dro"]["enabled"] and self.params["dro"]["apply"] == "loss_scale":
             loss = loss * float(self.lam[client.index])
         return loss, out
@@ -197,8 +229,24 @@ class FedDRA(ModelAveraging):
             return [float(self.lam[index[u.client]]) for u in updates]
         return super().aggregation_weights(updates)
 
+    def refresh_anchor(self, rnd: int) -> None:
+        """The code's anchor sync: after a stage-1 round its alignment blocks and heads take the
+        aggregate, after a stage-2 round everything else does (the alignment blocks too when no
+        stage-1 round follows to refresh them: ``two_stage: false`` or the ``staged`` schedule)."""
+        if self.anchor_state is None:
+            return
+        server = self.server.state_dict()
+        if self.stage == 1:
+            keys = [k for k in server if k.startswith(ALIGNMENT_BLOCKS + HEADS)]
+        elif self.stage_of(rnd + 1) == 1:
+            keys = [k for k in server if not k.startswith(ALIGNMENT_BLOCKS)]
+        else:
+            keys = list(server)
+        self.anchor_state.update({k: server[k].detach().cpu().clone() for k in keys})
+
     def aggregate(self, updates, rnd):
         super().aggregate(updates, rnd)
+        self.refresh_anchor(rnd)
         dro = self.params["dro"]
         if dro["enabled"] and self.turn_ends(rnd):
             risks = np.array([self.client_risk(c) for c in self.fed.clients])
@@ -209,29 +257,49 @@ class FedDRA(ModelAveraging):
 
     @torch.no_grad()
     def client_risk(self, client) -> float:
-        """R_k: the contrastive (InfoNCE) term of the aggregated model on client k's fixed subset."""
+        """R_k: the aggregated model's loss on client k's fixed subset, the mean over its batches (the
+        code's test loss: InfoNCE + L_con against the anchor, in evaluation mode; or InfoNCE alone)."""
         model = self.server
+        with_constraint = self.params["dro"]["risk"] == "code" and self.anchor_state is not None
+        if with_constraint:
+            self.anchor.load_state_dict({k: v.to(self.device) for k, v in self.anchor_state.items()})
         was_training = model.training
         model.eval()
-        total, count = 0.0, 0
+        self.anchor.eval()
+        losses = []
+        limit = self.params["dro"]["risk_max_batches"]
         for i, batch in enumerate(batches(self.risk_sets[client.name], self.ctx.train["batch_size"], shuffle=False)):
-            if i == self.params["dro"]["risk_max_batches"]:
+            if limit is not None and i == limit:
                 break
             batch = to_device(batch, self.device)
             out = self.family.forward(model, batch)
-            total += float(self.family.loss_terms(out)["ita"]) * len(batch["x"])
-            count += len(batch["x"])
+            loss = self.family.loss_terms(out)["ita"]
+            if with_constraint:
+                loss = loss + self.constraint(out, self.family.forward(self.anchor, batch).extra)
+            losses.append(float(loss))
         model.train(was_training)
-        return total / max(count, 1)
+        return float(np.mean(losses)) if losses else 0.0
 
     # ---- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "lambda": self.lam.tolist(), "risks": self.last_risks.tolist()}
+        return {**super().state_dict(), "lambda": self.lam.tolist(), "risks": self.last_risks.tolist(),
+                "anchor": self.anchor_state}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.lam = np.asarray(state["lambda"], dtype=float)
         self.last_risks = np.asarray(state["risks"], dtype=float)
+        self.anchor_state = state.get("anchor", self.anchor_state)
 
     def final_model(self) -> dict:
         return {**super().final_model(), "lambda": self.lam.tolist()}
+
+
+def _with_transform(dataset, transform):
+    """A shallow copy of an image dataset that applies ``transform`` (the code scores the DRO risk
+    with the evaluation transform); datasets without a transform are returned as they are."""
+    if getattr(dataset, "transform", None) is None or transform is None:
+        return dataset
+    out = copy.copy(dataset)
+    out.transform = transform
+    return out

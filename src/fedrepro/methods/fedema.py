@@ -1,21 +1,28 @@
-"""FedEMA (Zhuang, Wen and Zhang, "Divergence-aware Federated Self-Supervised Learning", ICLR 2022),
-adapted to image-text pre-training as FedDRA does (spec §4.4): BYOL on the image tower plus the
-backbone's image-text objective.
+"""FedEMA (Zhuang, Wen and Zhang, "Divergence-aware Federated Self-Supervised Learning", ICLR 2022;
+code EasyFL ``applications/fedssl``, ``--update_encoder dynamic_ema_online --update_predictor
+dynamic_dapu --auto_scaler y``), adapted to image-text pre-training as FedDRA does
+(docs/papers/feddra.md): BYOL on the image tower plus the backbone's image-text objective.
 
 Instead of overwriting a client's model with the global one, FedEMA blends them by the client's
-divergence from the global model:
+divergence:
 
-    w_k <- mu w_k + (1 - mu) w_g,     mu = min(lambda_k ||w_g - w_k||, 1),
+    w_k <- mu w_k + (1 - mu) w_g,     mu = min(lambda_k d_k, 1),
 
-with the autoscaler lambda_k = tau / ||w_g - w_k|| fixed at the first round where the client has a
-model of its own (so mu = tau then; FedEMA's tau = 0.7). The blend covers everything the client
-communicates (the parameters of encoders, alignment modules, heads and predictor); buffers
-(BatchNorm statistics) are taken from the global model.
+with d_k the divergence of the client's previous local training as the code measures it (mean over
+the online encoder's layers of the L2 distance between the weights at the start and at the end of
+that training, :func:`~fedrepro.methods.selfsup.layer_divergence`) and the autoscaler
+lambda_k = tau / d_k fixed at the first blend (so mu = tau then; tau = 0.7 as in FedEMA's run
+command). ``divergence: paper`` uses the paper's d_k = ‖W_g − W_k‖₂ between the global online
+encoder it receives and its own after its last round. The blend covers the parameters of everything the client communicates (encoders,
+alignment modules, heads and predictor); buffers (BatchNorm statistics) are the global model's,
+except the predictor's when mu > 0.5 (the code then blends into the local predictor). In its first
+round a client takes the global model.
 """
 
 from __future__ import annotations
 
-from .selfsup import BYOLBaseline, state_distance
+from .fedu import PREDICTOR
+from .selfsup import BYOLBaseline
 
 
 def divergence_aware_mu(divergence: float, scale: float) -> float:
@@ -44,13 +51,16 @@ class FedEMA(BYOLBaseline):
         if own is None:
             return model
         state = model.state_dict()
-        keys = [name for name, _ in model.named_parameters()]
-        divergence = state_distance(state, own, keys)
+        divergence = self.divergence(client, state)
         if client.name not in self.scales:
             self.scales[client.name] = self.params["tau"] / max(divergence, 1e-12)
         mu = divergence_aware_mu(divergence, self.scales[client.name])
         self.mu[client.name] = mu
-        model.load_state_dict(ema_blend(own, state, mu, keys))
+        blended = ema_blend(own, state, mu, [name for name, _ in model.named_parameters()])
+        if mu > 0.5:   # the code blends the global predictor into the local one, whose buffers stay
+            params = dict(model.named_parameters())
+            blended.update({k: own[k].to(self.device) for k in own if k.startswith(PREDICTOR) and k not in params})
+        model.load_state_dict(blended)
         return model
 
     def after_local_training(self, client, rnd):

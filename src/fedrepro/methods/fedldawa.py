@@ -1,14 +1,21 @@
 """L-DAWA (Rehman et al., "L-DAWA: Layer-wise Divergence Aware Weight Aggregation in Federated
-Self-Supervised Visual Representation Learning", ICCV 2023), FedDRA's FedLDAWA baseline (spec §4.4).
+Self-Supervised Visual Representation Learning", ICCV 2023; code yasar-rehman/L-DAWA,
+``L-DAWA-Agg.py``), FedDRA's FedLDAWA baseline (docs/papers/feddra.md).
 
-The server weights every *layer* l of client k's model by its angular agreement with the same layer
-of the global model w_g the round started from:
+The server scales every *layer* l of client k's model by its angular agreement with the same layer
+of the global model w_g the round started from, then averages:
 
-    δ_k^l = cos(w_k^l, w_g^l),        w_g'^l = Σ_k δ_k^l (n_k / n) w_k^l
+    δ_k^l = min(cos(w_k^l, w_g^l), 1),        w_g'^l = Σ_k (n_k / n) δ_k^l w_k^l
 
-(``renormalize: true`` divides by Σ_k δ_k^l (n_k / n) instead, so the weights of a layer sum to 1).
-A "layer" is one parameter tensor; buffers (BatchNorm statistics) are averaged as in FedAvg. Local
-training is the backbone objective (L-DAWA is an aggregation rule; FedDRA pairs it with MGCA).
+with n_k / n the run's aggregation weights (the code's plain mean, 1/K, is FedDRA's uniform
+weighting). As in the code a "layer" is every non-scalar entry of the state dict (BatchNorm running
+statistics included, ``layers: state``; ``layers: parameters`` scales only the parameters and
+averages buffers as FedAvg does); scalar entries (step counters) are averaged unscaled, and a
+client layer that is all zeros is kept unscaled (the code's rule). A global layer that is all zeros
+(e.g. zero-initialised biases in the first round) has no angle either: the code would divide by
+zero and turn the layer into NaN; here it is kept unscaled too. ``renormalize: true`` divides by
+Σ_k (n_k / n) δ_k^l instead, so the weights of a layer sum to 1. Local training is the backbone
+objective (L-DAWA is an aggregation rule; FedDRA pairs it with MGCA).
 """
 
 from __future__ import annotations
@@ -19,12 +26,15 @@ from ..fl.method import ModelAveraging, weighted_average
 
 
 def layer_cosines(client: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], keys) -> dict[str, float]:
-    """δ^l = cos(w_k^l, w_g^l) for every key (flattened tensors; 0 for an all-zero tensor)."""
+    """δ^l = min(cos(w_k^l, w_g^l), 1) for every key (flattened tensors); 1 (no scaling) when either
+    tensor is all zeros (the code leaves an all-zero client layer as it is)."""
     out = {}
     for k in keys:
         a, b = client[k].flatten().double(), reference[k].flatten().double().to(client[k].device)
-        denom = a.norm() * b.norm()
-        out[k] = float(a @ b / denom) if denom > 0 else 0.0
+        if a.norm() == 0 or b.norm() == 0:
+            out[k] = 1.0
+            continue
+        out[k] = min(float(a @ b / (a.norm() * b.norm())), 1.0)
     return out
 
 
@@ -48,8 +58,11 @@ def ldawa_aggregate(states: list[dict], reference: dict, base_weights: list[floa
 class FedLDAWA(ModelAveraging):
     def aggregate(self, updates, rnd):
         reference = {k: v.detach().clone() for k, v in self.server.state_dict().items()}
-        params = {name for name, _ in self.server.named_parameters()}
-        layer_keys = [k for k in updates[0].payload if k in params]
+        if self.params["layers"] == "state":
+            layer_keys = [k for k, v in updates[0].payload.items() if v.dim() > 0 and v.is_floating_point()]
+        else:
+            params = {name for name, _ in self.server.named_parameters()}
+            layer_keys = [k for k in updates[0].payload if k in params]
         merged = ldawa_aggregate([u.payload for u in updates], reference, self.aggregation_weights(updates), layer_keys,
                                  self.params["renormalize"])
         self.server.load_state_dict(merged, strict=False)

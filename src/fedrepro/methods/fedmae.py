@@ -1,17 +1,23 @@
 """FedMAE (Yan et al., "Label-efficient self-supervised federated learning for tackling data
-heterogeneity in medical imaging", IEEE TMI 2023), adapted to image-text pre-training as FedDRA does
-(spec §4.4): the image encoder also learns masked-autoencoder reconstruction (He et al., CVPR 2022),
-added to the backbone's image-text objective; encoder and MAE decoder are averaged like FedAvg.
+heterogeneity in medical imaging", IEEE TMI 2023; code rui-yan/SSL-FL), adapted to image-text
+pre-training as FedDRA does (docs/papers/feddra.md): the image encoder also learns masked-autoencoder
+reconstruction (He et al., CVPR 2022), added to the backbone's image-text objective; encoder and MAE
+decoder are averaged like FedAvg.
 
-MAE: of the N patch tokens (with position embeddings) a random subset of (1 − r)·N is kept, the ViT
-encodes [CLS; kept], a light decoder puts mask tokens at the removed positions, adds its own position
-embeddings and predicts every patch's pixels. The loss is the mean squared error on the *removed*
-patches only, with per-patch normalised pixel targets (``norm_pix_loss``):
+MAE as FedMAE runs it (``mae_vit_base_patch16``, ``--mask_ratio 0.6 --norm_pix_loss``): of the N patch
+tokens (with position embeddings) a random subset of int((1 − r)·N) is kept, the ViT encodes
+[CLS; kept], the MAE-base decoder (linear to 512-d, mask tokens at the removed positions, fixed 2-D
+sine-cosine position embeddings, 8 pre-norm transformer blocks with 16 heads, LayerNorm, linear to
+pixels) predicts every patch. The loss is the mean squared error on the *removed* patches only,
+with per-patch normalised pixel targets (``norm_pix_loss``):
 
     L_MAE = Σ_i m_i · mean_j (ŷ_ij − y_ij)² / Σ_i m_i,   m_i = 1 for removed patches.
 """
 
 from __future__ import annotations
+
+import math
+from functools import partial
 
 import torch
 from torch import nn
@@ -47,19 +53,45 @@ def reconstruction_loss(prediction: torch.Tensor, target: torch.Tensor, mask: to
     return (per_patch * mask).sum() / mask.sum().clamp_min(1.0)
 
 
+def sincos_position_embedding(dim: int, grid: int, cls_token: bool = True) -> torch.Tensor:
+    """MAE's fixed 2-D sine-cosine position embeddings of a grid x grid patch layout (a zero row
+    first for [CLS]): half of the channels encode one grid axis, half the other; each half is
+    [sin(p·ω_k), cos(p·ω_k)] with ω_k = 10000^(−k / (dim/4))."""
+    if dim % 4:
+        raise ValueError(f"the decoder width ({dim}) must be a multiple of 4 for 2-D sine-cosine position embeddings")
+    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim / 4))
+    coords = torch.arange(grid, dtype=torch.float64)
+    first, second = torch.meshgrid(coords, coords, indexing="xy")   # first varies along a row, second down the rows
+
+    def axis(positions: torch.Tensor) -> torch.Tensor:
+        angles = positions.reshape(-1, 1) * omega[None]
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+
+    table = torch.cat([axis(first), axis(second)], dim=1)
+    if cls_token:
+        table = torch.cat([torch.zeros(1, dim, dtype=torch.float64), table])
+    return table.float()
+
+
 class MAEDecoder(nn.Module):
+    """MAE's decoder: embed, mask tokens, fixed sine-cosine positions, pre-norm blocks, predict pixels."""
+
     def __init__(self, encoder_dim: int, num_patches: int, patch_dim: int, dim: int, depth: int, heads: int):
         super().__init__()
+        from timm.models.vision_transformer import Block
+
+        grid = int(round(math.sqrt(num_patches)))
+        if grid * grid != num_patches:
+            raise ValueError(f"FedMAE's decoder expects a square patch grid, got {num_patches} patches")
         self.embed = nn.Linear(encoder_dim, dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
-        nn.init.normal_(self.pos, std=0.02)
-        nn.init.normal_(self.mask_token, std=0.02)
-        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True,
-                                           norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(dim)
+        self.pos = nn.Parameter(sincos_position_embedding(dim, grid)[None], requires_grad=False)
+        norm = partial(nn.LayerNorm, eps=1e-6)
+        self.blocks = nn.Sequential(*[Block(dim, heads, 4.0, qkv_bias=True, norm_layer=norm) for _ in range(depth)])
+        self.norm = norm(dim)
         self.predict = nn.Linear(dim, patch_dim)
+        nn.init.normal_(self.mask_token, std=0.02)
+        self.apply(_mae_init)
 
     def forward(self, encoded: torch.Tensor, restore: torch.Tensor) -> torch.Tensor:
         """``encoded``: B x (1 + kept) x D ([CLS] first) -> pixel predictions B x N x patch_dim."""
@@ -70,6 +102,17 @@ class MAEDecoder(nn.Module):
         patches = torch.gather(patches, 1, restore[..., None].expand(-1, -1, x.shape[-1]))
         x = torch.cat([x[:, :1], patches], dim=1) + self.pos
         return self.predict(self.norm(self.blocks(x)))[:, 1:]
+
+
+def _mae_init(module: nn.Module) -> None:
+    """MAE's initialisation: Xavier-uniform linear layers with zero bias, LayerNorm (1, 0)."""
+    if isinstance(module, nn.Linear):
+        nn.init.xavier_uniform_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
 
 
 def encode_visible(vit: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -102,7 +145,7 @@ class FedMAE(ModelAveraging):
     def mae_loss(self, model, x: torch.Tensor) -> torch.Tensor:
         vit = model.image_encoder
         n = vit.patch_embed.num_patches
-        keep_count = max(1, int(round(n * (1 - self.params["mask_ratio"]))))
+        keep_count = max(1, int(n * (1 - self.params["mask_ratio"])))     # MAE: len_keep = int(L * (1 - r))
         keep, restore, mask = random_masking(len(x), n, keep_count, x.device)
         prediction = model.mae_decoder(encode_visible(vit, x, keep), restore)
         return reconstruction_loss(prediction, patchify(x, vit.patch_embed.patch_size[0]), mask, self.params["norm_pix_loss"])

@@ -1,23 +1,32 @@
 """FedU (Zhuang et al., "Collaborative Unsupervised Visual Representation Learning from
-Decentralized Data", ICCV 2021), adapted to image-text pre-training as FedDRA does (spec §4.4):
-BYOL on the image tower plus the backbone's image-text objective.
+Decentralized Data", ICCV 2021; code EasyFL ``applications/fedssl``, ``--update_predictor dapu``),
+adapted to image-text pre-training as FedDRA does (docs/papers/feddra.md): BYOL on the image tower
+plus the backbone's image-text objective.
 
 Clients upload their online model and predictor; the server averages them. A client always takes
-the global online model, but takes the global predictor only if it has not drifted far from its own
-(divergence-aware predictor update):
+the global online model (and keeps its own target), but takes the global predictor only if its
+online encoder did not drift far in its previous round (divergence-aware predictor update, DAPU):
 
-    predictor_k <- predictor_g   if ||predictor_g - predictor_k|| < mu,   else keep predictor_k.
+    predictor_k <- predictor_g   if  d_k < mu,   else keep predictor_k,
+
+    d_k = mean over the online encoder's layers l of ‖W_l(end of k's last local training) − W_l(its start)‖₂
+
+(:func:`~fedrepro.methods.selfsup.layer_divergence`; the start of FedU's local training is the global
+online encoder). The decision is made when a client finishes training and applied when it next
+receives the global model; in its first round a client takes everything global. mu = 0.4, FedU's
+``--dapu_threshold``. ``divergence: paper`` measures instead ‖W_g − W_k‖₂ between the global online
+encoder the client now receives and its own after its last round, as FedU's paper writes it.
 """
 
 from __future__ import annotations
 
-from .selfsup import BYOLBaseline, state_distance
+from .selfsup import BYOLBaseline
 
 PREDICTOR = ("predictor.",)
 
 
 def keep_local_predictor(divergence: float, threshold: float) -> bool:
-    """FedU's rule: the local predictor stays when its divergence from the global one is >= mu."""
+    """FedU's rule: the local predictor stays when the encoder's divergence is >= mu."""
     return divergence >= threshold
 
 
@@ -32,11 +41,9 @@ class FedU(BYOLBaseline):
         own = self.predictors.get(client.name)
         if own is None:
             return model
-        state = model.state_dict()
-        divergence = state_distance(state, own, [n for n, _ in model.named_parameters() if n.startswith(PREDICTOR)])
-        self.kept[client.name] = keep_local_predictor(divergence, self.params["threshold"])
+        self.kept[client.name] = keep_local_predictor(self.divergence(client, model.state_dict()), self.params["threshold"])
         if self.kept[client.name]:
-            model.load_state_dict({**state, **{k: v.to(self.device) for k, v in own.items()}})
+            model.load_state_dict({**model.state_dict(), **{k: v.to(self.device) for k, v in own.items()}})
         return model
 
     def after_local_training(self, client, rnd):

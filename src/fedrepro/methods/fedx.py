@@ -1,53 +1,94 @@
 """FedX (Han et al., "FedX: Unsupervised Federated Learning with Cross Knowledge Distillation",
-ECCV 2022), adapted to image-text pre-training as FedDRA does (spec §4.4): FedX's four image-side
-terms on the image tower plus the backbone's image-text objective.
+ECCV 2022; code Sungwon-Han/FEDX), adapted to image-text pre-training as FedDRA does
+(docs/papers/feddra.md): FedX's four image-side terms on the image tower plus the backbone's
+image-text objective.
 
-For two views of a batch, z, z' = the local image embeddings, p = predictor(z), and g' = the
-embedding of the other view by the frozen global model the client received:
+Each local step takes two augmented views x1, x2 of the batch and the (augmented) images xr of a
+separate random batch of the client's data (FedX's second, independently shuffled loader), and
+runs the image tower on [x1; x2; xr] at once: z = its embeddings (FedX's projection), p =
+predictor(z) (FedX's prediction MLP, Linear-ReLU-Linear); the frozen global model the client
+received runs on the same images in evaluation mode: g. With NT-Xent at temperature τ and the
+relational loss R(a, b; anchors) of :func:`~fedrepro.methods.selfsup.relational_loss`:
 
-    local:   NT-Xent(z, z')            + JS(rel(z, A_l) || rel(z', A_l))
-    global:  NT-Xent(p, g')            + JS(rel(p, A_g) || rel(g', A_g))
+    local:   NT-Xent(z1, z2)   + R(z1, z2; anchors z_r, target temperature τ_s)
+    global:  NT-Xent(p1, g2)   + R(p1, p2; anchors g_r, target temperature τ_t)
 
-where rel(a, A) = softmax_j(cos(a, A_j) / τ_r) is the relation of an embedding to a set of anchors
-(here: the batch's detached second-view embeddings, A_l = z', A_g = g'), and JS the Jensen-Shannon
-divergence. The global terms distil the global model's knowledge into the local one. Aggregation
-is FedAvg (the predictor is averaged with the rest).
+summed (weight 1 each). The local anchors carry gradients, the global ones do not. Aggregation is
+FedAvg (the predictor is averaged with the rest).
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Iterator
 
 import torch
+from torch import nn
 
-from .selfsup import ImageSelfSupervised, nt_xent, relation_js, two_views
+from ..fl.local import batches, to_device
+from ..seeding import torch_generator
+from .selfsup import ImageSelfSupervised, augment, nt_xent, relational_loss, two_views
 
 
-def fedx_losses(z1: torch.Tensor, z2: torch.Tensor, p1: torch.Tensor, g2: torch.Tensor, temperature: float,
-                relation_temperature: float) -> dict[str, torch.Tensor]:
-    """FedX's local and global (contrastive + relational) terms for one pair of views."""
+def fedx_losses(z: torch.Tensor, p: torch.Tensor, g: torch.Tensor, n: int, temperature: float,
+                student_temperature: float, teacher_temperature: float) -> dict[str, torch.Tensor]:
+    """FedX's four terms from the local embeddings ``z``, predictions ``p`` and global embeddings
+    ``g`` of [view 1; view 2; random batch] (the first two parts have ``n`` rows each)."""
+    z1, z2, zr = z[:n], z[n:2 * n], z[2 * n:]
+    p1, p2 = p[:n], p[n:2 * n]
+    g2, gr = g[n:2 * n].detach(), g[2 * n:].detach()
     return {
         "local_contrastive": nt_xent(z1, z2, temperature),
-        "local_relational": relation_js(z1, z2, z2, relation_temperature),
-        "global_contrastive": nt_xent(p1, g2.detach(), temperature),
-        "global_relational": relation_js(p1, g2.detach(), g2, relation_temperature),
+        "global_contrastive": nt_xent(p1, g2, temperature),
+        "global_relational": relational_loss(p1, p2, gr, temperature, teacher_temperature),
+        "local_relational": relational_loss(z1, z2, zr, temperature, student_temperature),
     }
+
+
+class PredictionMLP(nn.Sequential):
+    """FedX's prediction head: Linear -> ReLU -> Linear."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__(nn.Linear(dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, dim))
 
 
 class FedX(ImageSelfSupervised):
     def setup(self) -> None:
         super().setup()
         self.global_model = copy.deepcopy(self.work).requires_grad_(False)
+        self.anchor_stream: Iterator[dict] | None = None
+
+    def make_predictor(self, dim: int) -> nn.Module:
+        return PredictionMLP(dim, self.params["predictor_hidden"] or dim)
+
+    def random_batches(self, client, rnd: int) -> Iterator[dict]:
+        """FedX's random loader: the client's data reshuffled on its own stream, passes repeated."""
+        train = self.ctx.train
+        p = 0
+        while True:
+            empty = True
+            for batch in batches(client.train, train["batch_size"], shuffle=True,
+                                 generator=torch_generator(self.ctx.seed, "fedx-random", rnd, client.index, p),
+                                 drop_last=train["local"].get("drop_last", False)):
+                empty = False
+                yield batch
+            if empty:
+                return
+            p += 1
 
     def before_local_training(self, client, rnd):
         self.global_model.load_state_dict(self.work.state_dict())
-        self.global_model.train()
+        self.global_model.eval()
+        self.anchor_stream = self.random_batches(client, rnd)
 
     def local_loss(self, model, batch, client, rnd):
         out = self.family.forward(model, batch)
         v1, v2 = two_views(batch["x"])
-        z1, z2 = self.family.image_embedding(model, v1), self.family.image_embedding(model, v2)
+        xr = augment(to_device(next(self.anchor_stream), self.device)["x"])
+        images = torch.cat([v1, v2, xr])
+        z = self.family.image_embedding(model, images)
         with torch.no_grad():
-            g2 = self.family.image_embedding(self.global_model, v2)
-        terms = fedx_losses(z1, z2, model.predictor(z1), g2, self.params["temperature"], self.params["relation_temperature"])
+            g = self.family.image_embedding(self.global_model, images)
+        terms = fedx_losses(z, model.predictor(z), g, len(v1), self.params["temperature"],
+                            self.params["student_temperature"], self.params["teacher_temperature"])
         return self.family.loss(out, batch) + self.params["weight"] * sum(terms.values()), out

@@ -1,15 +1,21 @@
 """Building blocks of the federated self-supervised baselines FedDRA adapts to image-text
-pre-training (FedEMA, FedU: BYOL; FedX: contrastive + relational distillation). FedDRA (spec §4.4):
+pre-training (FedEMA, FedU: BYOL; FedX: contrastive + relational distillation). FedDRA (§5.1):
 "to adapt uni-modal self-supervised learning baselines to our setting, we added an image-text
 contrastive loss, applying the same hyper-parameters" — so each of these keeps its own image-side
 objective on the image tower (E_I -> A_I -> g_I) and adds the backbone objective of the ``vlp`` family.
 
 - Views: two random augmentations of the image batch (random resized crop + horizontal flip),
   drawn from the global RNG the engine seeds per (seed, round, client).
-- BYOL (Grill et al., NeurIPS 2020): online embedding z -> predictor q; target = EMA of the online
-  image tower; L = 2 - 2 cos(q(z_1), z'_2), symmetrised over the two views.
-- NT-Xent (SimCLR, Chen et al. 2020) and the relational loss of FedX: the Jensen-Shannon divergence
-  between two embeddings' softmax similarity distributions over a set of anchors.
+- BYOL (Grill et al., NeurIPS 2020) as FedU/FedEMA's code (EasyFL ``applications/fedssl``) runs it:
+  online embedding z -> predictor q; target = EMA of the online image tower (momentum 0.99, applied
+  after every optimiser step); L = mean_batch [2 - 2 cos(q(z_1), z'_2) + 2 - 2 cos(q(z_2), z'_1)]
+  (the two directions summed). In a client's first round the target *is* the online tower (the code
+  assigns the same module to both), so the target gives the online tower's own, detached outputs.
+- Model divergence as FedU/FedEMA's code measures it: the mean, over the online encoder's layers, of
+  the L2 distance between a layer's weights at the start and at the end of the client's local
+  training (the code counts a ResNet's convolutions; here the ViT image encoder's weight matrices).
+- NT-Xent (SimCLR, Chen et al. 2020) and the relational loss of FedX (code Sungwon-Han/FEDX): both
+  views' similarity distributions over a set of anchors are pulled to their (sharpened) mixture.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ def augment(x: torch.Tensor, min_scale: float = 0.5) -> torch.Tensor:
 
 
 def byol_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """2 - 2 cos(q, z'), averaged over the batch (target detached)."""
+    """2 - 2 cos(q, z') per sample (target detached), averaged over the batch."""
     return (2 - 2 * F.cosine_similarity(prediction, target.detach(), dim=-1)).mean()
 
 
@@ -63,15 +69,20 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Ten
     return F.cross_entropy(logits, targets)
 
 
-def relation_js(a: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor, temperature: float) -> torch.Tensor:
-    """FedX's relational loss: JS divergence between softmax(cos(a_i, anchors)/τ) and
-    softmax(cos(b_i, anchors)/τ), averaged over i."""
-    anchors = F.normalize(anchors.detach(), dim=-1)
-    p = torch.softmax(F.normalize(a, dim=-1) @ anchors.t() / temperature, dim=1)
-    q = torch.softmax(F.normalize(b, dim=-1) @ anchors.t() / temperature, dim=1)
-    m = 0.5 * (p + q)
-    kl = lambda x, y: (x * (torch.log(x.clamp_min(1e-12)) - torch.log(y.clamp_min(1e-12)))).sum(dim=1)  # noqa: E731
-    return (0.5 * kl(p, m) + 0.5 * kl(q, m)).mean()
+def relational_loss(a: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor, temperature: float,
+                    target_temperature: float) -> torch.Tensor:
+    """FedX's relational loss (its ``js_loss``): with r(x) = cos(x, anchors), the two views' relation
+    distributions p_a = softmax(r(a)/τ), p_b = softmax(r(b)/τ) are both pulled to the mixture
+    m = ½ [softmax(r(a)/τ_t) + softmax(r(b)/τ_t)]: ½ [KL(m ‖ p_a) + KL(m ‖ p_b)], averaged over the
+    batch. As in FedX's code, gradients flow through the mixture and through the anchors (the caller
+    detaches what FedX computes without gradient)."""
+    anchors = F.normalize(anchors, dim=-1)
+    sim_a = F.normalize(a, dim=-1) @ anchors.t()
+    sim_b = F.normalize(b, dim=-1) @ anchors.t()
+    mixture = 0.5 * (torch.softmax(sim_a / target_temperature, dim=1) + torch.softmax(sim_b / target_temperature, dim=1))
+    kl_a = F.kl_div(torch.log_softmax(sim_a / temperature, dim=1), mixture, reduction="batchmean")
+    kl_b = F.kl_div(torch.log_softmax(sim_b / temperature, dim=1), mixture, reduction="batchmean")
+    return 0.5 * (kl_a + kl_b)
 
 
 @torch.no_grad()
@@ -90,6 +101,20 @@ def state_distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], keys)
         if a[k].is_floating_point():
             total += float(((a[k].float() - b[k].float().to(a[k].device)) ** 2).sum())
     return math.sqrt(total)
+
+
+def layer_divergence(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], keys) -> float:
+    """FedU/FedEMA's divergence: the mean over layers (``keys``) of ‖after_l − before_l‖₂."""
+    keys = list(keys)
+    if not keys:
+        raise ValueError("no layers to measure the divergence on")
+    return sum(float(torch.dist(after[k].double(), before[k].double().to(after[k].device))) for k in keys) / len(keys)
+
+
+def encoder_layers(model: nn.Module) -> list[str]:
+    """The online encoder's layers FedU/FedEMA's divergence counts: the image encoder's convolution
+    and linear weight matrices (the code's ``'conv' in name and 'weight' in name`` on a ResNet)."""
+    return [n for n, p in model.named_parameters() if n.startswith("image_encoder.") and n.endswith(".weight") and p.ndim >= 2]
 
 
 class Predictor(nn.Module):
@@ -111,39 +136,70 @@ class ImageSelfSupervised(ModelAveraging):
         require_vlp(self)
         super().setup()
 
+    def make_predictor(self, dim: int) -> nn.Module:
+        return Predictor(dim, self.params["predictor_hidden"])
+
     def build_model(self) -> nn.Module:
         model = super().build_model()
-        model.predictor = Predictor(self.ctx.train["model"]["head"]["dim"], self.params["predictor_hidden"])
+        model.predictor = self.make_predictor(self.ctx.train["model"]["head"]["dim"])
         return model
 
 
 class BYOLBaseline(ImageSelfSupervised):
-    """BYOL on the image tower + the backbone objective; each client keeps its own target tower (an
-    EMA of its online tower, never communicated). The target is updated before each step from the
-    online weights of the previous step."""
+    """BYOL on the image tower + the backbone objective. Each client keeps its own target tower (never
+    communicated): in its first round the target is the online tower itself; afterwards the target
+    it ended its previous round with, moved towards the online tower after every optimiser step.
+    After local training the client's divergence (:func:`layer_divergence` of the online image
+    encoder between the start and the end of its training) is recorded for FedU/FedEMA's rules."""
 
     def setup(self) -> None:
         super().setup()
         self.target = copy.deepcopy(self.work).requires_grad_(False)
-        self.targets: dict[str, dict] = {}     # client -> target image-tower state
+        self.targets: dict[str, dict] = {}       # client -> target image-tower state
+        self.divergences: dict[str, float] = {}  # client -> divergence of its last local training
+        self.encoders: dict[str, dict] = {}      # client -> its online encoder's layers after its last round
+        self.layers = encoder_layers(self.work)
+        self.aliased, self.steps, self.start = False, 0, {}
 
     def before_local_training(self, client, rnd):
-        own = self.targets.get(client.name)
         state = self.work.state_dict()
-        self.target.load_state_dict({**state, **({k: v.to(self.device) for k, v in own.items()} if own else {})})
-        self.target.train()
+        self.start = {k: state[k].detach().clone() for k in self.layers}
+        self.steps = 0
+        own = self.targets.get(client.name)
+        self.aliased = own is None
+        if own is not None:
+            self.target.load_state_dict({**state, **{k: v.to(self.device) for k, v in own.items()}})
+            self.target.train()
 
     def after_local_training(self, client, rnd):
-        self.targets[client.name] = {k: v.detach().cpu().clone() for k, v in self.target.state_dict().items()
+        if not self.aliased:
+            ema_(self.target, self.work, self.params["target_momentum"], IMAGE_TOWER)   # after the last step
+        source = self.work if self.aliased else self.target
+        self.targets[client.name] = {k: v.detach().cpu().clone() for k, v in source.state_dict().items()
                                      if k.startswith(IMAGE_TOWER)}
+        state = self.work.state_dict()
+        self.divergences[client.name] = layer_divergence(self.start, state, self.layers)
+        self.encoders[client.name] = {k: state[k].detach().cpu().clone() for k in self.layers}
+
+    def divergence(self, client, received: dict) -> float:
+        """The divergence FedU's and FedEMA's rules use when ``client`` receives the global model:
+        ``code`` = the mean per-layer distance its online encoder moved in its last local training
+        (the code); ``paper`` = ‖W_global − W_k‖₂ between the online encoder it receives now and the
+        one it ended its last round with (the papers' formula), over the same layers."""
+        if self.params["divergence"] == "code":
+            return self.divergences[client.name]
+        return state_distance(received, self.encoders[client.name], self.layers)
 
     def byol(self, model, x: torch.Tensor) -> torch.Tensor:
-        ema_(self.target, model, self.params["target_momentum"], IMAGE_TOWER)
+        if not self.aliased and self.steps > 0:
+            ema_(self.target, model, self.params["target_momentum"], IMAGE_TOWER)   # after the previous step
+        self.steps += 1
         v1, v2 = two_views(x)
         z1, z2 = self.family.image_embedding(model, v1), self.family.image_embedding(model, v2)
+        target = model if self.aliased else self.target
         with torch.no_grad():
-            t1, t2 = self.family.image_embedding(self.target, v1), self.family.image_embedding(self.target, v2)
-        return 0.5 * (byol_loss(model.predictor(z1), t2) + byol_loss(model.predictor(z2), t1))
+            t1, t2 = self.family.image_embedding(target, v1), self.family.image_embedding(target, v2)
+        return byol_loss(model.predictor(z1), t2) + byol_loss(model.predictor(z2), t1)
 
     def local_loss(self, model, batch, client, rnd):
         out = self.family.forward(model, batch)
@@ -151,9 +207,11 @@ class BYOLBaseline(ImageSelfSupervised):
         return loss, out
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "targets": self.targets}
+        return {**super().state_dict(), "targets": self.targets, "divergences": self.divergences, "encoders": self.encoders}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.targets = state["targets"]
+        self.divergences = state.get("divergences", {})
+        self.encoders = state.get("encoders", {})
 

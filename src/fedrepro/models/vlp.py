@@ -1,4 +1,4 @@
-"""Dual-encoder vision-language pre-training (FedDRA, spec §4.1-4.2): the ``vlp`` model family.
+"""Dual-encoder vision-language pre-training (FedDRA; docs/papers/feddra.md): the ``vlp`` model family.
 
 Image path: ViT encoder E_I (timm) -> alignment module A_I (one extra transformer block, ViT style)
 -> projection head g_I -> u. Text path: BERT encoder E_T (transformers) -> alignment module A_T (one
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 
 import numpy as np
 import torch
@@ -34,9 +35,11 @@ from ..metrics import recall_at_k
 from ..seeding import numpy_rng
 from . import encoders
 from .families import NORMALISATION, ModelFamily, Output
-from .vlp_objectives import gloria_local_loss, info_nce, prototype_alignment_loss, similarity_logits, token_alignment_loss
+from .vlp_objectives import (cross_attention, gloria_local_loss, info_nce, prototype_alignment_loss, similarity_logits,
+                             token_alignment_loss, token_importance)
 
 RETRIEVAL_METRICS = ("recall@1", "recall@5", "cos_sim")
+EVAL_SPLITS = (("", "test"), (".val", "val"))
 
 
 class AlignmentBlock(nn.Module):
@@ -104,9 +107,16 @@ class DualEncoder(nn.Module):
             self.text_local = nn.Linear(d_txt, head["dim"])
         if objective == "mgca":
             m = cfg["mgca"]
-            self.word_to_patch = nn.MultiheadAttention(head["dim"], 1, batch_first=True)
-            self.patch_to_word = nn.MultiheadAttention(head["dim"], 1, batch_first=True)
-            self.prototypes = nn.Parameter(torch.randn(m["prototypes"], head["dim"]) / head["dim"] ** 0.5)
+            if m["attention"] == "multihead":     # MGCA's use_local_atten option (off in its code)
+                self.word_to_patch = nn.MultiheadAttention(head["dim"], 1, batch_first=True)
+                self.patch_to_word = nn.MultiheadAttention(head["dim"], 1, batch_first=True)
+            # MGCA's prototype layer: nn.Linear(dim, K, bias=False), so its weight's initialisation
+            self.prototypes = nn.Parameter(torch.empty(m["prototypes"], head["dim"]))
+            nn.init.kaiming_uniform_(self.prototypes, a=math.sqrt(5))
+            # local training steps this model has taken (averaged like any buffer: every client of a
+            # round takes the same number, so it counts one party's steps); prototypes are frozen
+            # for the first mgca.freeze_prototypes_steps of them
+            self.register_buffer("prototype_steps", torch.zeros((), dtype=torch.float64))
 
     def encoder_parameters(self):
         """E_I and E_T (trained only in FedDRA's second stage)."""
@@ -189,6 +199,9 @@ class VisionLanguageFamily(ModelFamily):
         super().__init__(cfg, class_names, extras)
         self.objective = cfg["objective"]
         self.temperature = float(cfg["temperature"])
+        # the image-text InfoNCE temperature: GLoRIA's code scales the global cosine by temp3 = 10
+        global_t = cfg["gloria"].get("global_temperature") if self.objective == "gloria" else None
+        self.ita_temperature = float(global_t) if global_t is not None else self.temperature
         self._tokenizer = None
 
     # ---- construction -----------------------------------------------------------------------
@@ -209,7 +222,11 @@ class VisionLanguageFamily(ModelFamily):
         return self._tokenizer
 
     def tokenize(self, captions, device) -> dict[str, torch.Tensor]:
-        tokens = self.tokenizer(list(captions), padding="longest", truncation=True,
+        """Word-piece ids and attention mask. MGCA (like the FedDRA code's data pipeline) pads every
+        report to ``max_length`` and its word-level loss sees the padding; the other objectives do
+        not, so they pad to the batch's longest report (same embeddings, less work)."""
+        padding = "max_length" if self.objective == "mgca" else "longest"
+        tokens = self.tokenizer(list(captions), padding=padding, truncation=True,
                                 max_length=self.cfg["text"]["max_length"], return_tensors="pt")
         return {"input_ids": tokens["input_ids"].to(device), "attention_mask": tokens["attention_mask"].to(device)}
 
@@ -276,44 +293,74 @@ class VisionLanguageFamily(ModelFamily):
         extra = {**self.embed_image(model, image_tokens), **self.embed_text(model, text_tokens, mask)}
         extra.update(self.local_features(model, extra))
         u, w = extra["image_emb"], extra["text_emb"]
-        logits = similarity_logits(u, w, self.temperature)
+        logits = similarity_logits(u, w, self.ita_temperature)
         targets = torch.arange(len(u), device=u.device)
         return Output(logits=logits, features=torch.cat([F.normalize(u, dim=-1), F.normalize(w, dim=-1)], dim=1),
                       objective=[(logits, targets), (logits.t(), targets)], extra=extra)
 
     def local_features(self, model: DualEncoder, e: dict) -> dict[str, torch.Tensor]:
-        """What GLoRIA/MGCA's local terms need: projected region and word tokens (after the alignment
-        modules), and for MGCA each token's cross-modal summary and the prototypes."""
+        """What GLoRIA/MGCA's local terms need, from the alignment modules' token outputs.
+
+        GLoRIA: region tokens (patches) and word tokens projected by the local heads; the words are
+        [CLS] and the report's tokens without [SEP] or padding, as GLoRIA's code counts them.
+        MGCA: normalised patch and word embeddings, each token's cross-modal summary (parameter-free
+        attention by default), the tokens' importance weights and the prototypes (renormalised in
+        place before every training step; detached while frozen).
+        """
         if self.objective == "convirt":
             return {}
-        out = {"regions": model.image_local(e["image_aligned"][:, 1:]), "words": model.text_local(e["text_aligned"][:, 1:]),
-               "word_mask": e["text_mask"][:, 1:]}
-        if self.objective == "mgca":
-            out["word_summary"], _ = model.word_to_patch(out["words"], out["regions"], out["regions"])
-            out["patch_summary"], _ = model.patch_to_word(out["regions"], out["words"], out["words"],
-                                                          key_padding_mask=~out["word_mask"])
-            out["prototypes"] = model.prototypes
+        if self.objective == "gloria":
+            mask = e["text_mask"]
+            lengths = mask.sum(dim=1, keepdim=True)
+            positions = torch.arange(mask.shape[1], device=mask.device)[None]
+            return {"regions": model.image_local(e["image_aligned"][:, 1:]), "words": model.text_local(e["text_aligned"]),
+                    "word_mask": positions < lengths - 1}
+        m = self.cfg["mgca"]
+        t = m["token_temperature"]
+        regions = F.normalize(model.image_local(e["image_aligned"][:, 1:]), dim=-1)
+        words = F.normalize(model.text_local(e["text_aligned"][:, 1:]), dim=-1)
+        word_mask = e["text_mask"][:, 1:]
+        if m["attention"] == "multihead":
+            word_summary, _ = model.word_to_patch(words, regions, regions)
+            patch_summary, _ = model.patch_to_word(regions, words, words, key_padding_mask=~word_mask)
+        else:
+            word_summary = cross_attention(words, regions, t)
+            patch_summary = cross_attention(regions, words, t, key_mask=word_mask)
+        out = {"regions": regions, "words": words, "word_mask": word_mask,
+               "word_summary": F.normalize(word_summary, dim=-1), "patch_summary": patch_summary,
+               "word_weights": token_importance(e["text_attention"][:, :words.shape[1]], word_mask),
+               "patch_weights": token_importance(e["image_attention"], torch.ones_like(e["image_attention"], dtype=torch.bool))}
+        prototypes = model.prototypes
+        if model.training and torch.is_grad_enabled():
+            with torch.no_grad():
+                prototypes.copy_(F.normalize(prototypes, dim=-1))
+            frozen = float(model.prototype_steps) < m["freeze_prototypes_steps"]
+            model.prototype_steps += 1
+            out["prototypes"] = prototypes.detach() if frozen else prototypes
+        else:
+            out["prototypes"] = F.normalize(prototypes, dim=-1)
         return out
 
     # ---- objectives -------------------------------------------------------------------------
     def loss_terms(self, out: Output) -> dict[str, torch.Tensor]:
         """The backbone objective's terms, each already multiplied by its weight: ``ita`` (the
-        image-text InfoNCE of every backbone) plus ``local`` (GLoRIA) or ``token`` and ``prototype``
-        (MGCA)."""
+        image-text InfoNCE of every backbone) plus ``local`` (GLoRIA) or ``token`` (L_word + L_patch)
+        and ``prototype`` (MGCA)."""
         e = out.extra
-        terms = {"ita": info_nce(e["image_emb"], e["text_emb"], self.temperature)}
+        terms = {"ita": info_nce(e["image_emb"], e["text_emb"], self.ita_temperature)}
         if self.objective == "gloria":
             g = self.cfg["gloria"]
             terms["local"] = g["local_weight"] * gloria_local_loss(e["words"], e["word_mask"], e["regions"],
-                                                                   g["gamma1"], g["gamma2"], g["gamma3"])
+                                                                   g["gamma1"], g["gamma2"], g["gamma3"], g["aggregation"])
         elif self.objective == "mgca":
             m = self.cfg["mgca"]
             patch_mask = torch.ones(e["regions"].shape[:2], dtype=torch.bool, device=e["regions"].device)
-            token = (token_alignment_loss(e["words"], e["word_summary"], e["word_mask"], e["text_attention"][:, :e["words"].shape[1]],
-                                          m["token_temperature"])
-                     + token_alignment_loss(e["regions"], e["patch_summary"], patch_mask, e["image_attention"],
-                                            m["token_temperature"]))
-            terms["token"] = m["token_weight"] * 0.5 * token
+            # MGCA's word InfoNCE runs over every position of the padded report ([PAD] words are
+            # negatives; their own weight is zero), its patch InfoNCE over every patch
+            word_positions = torch.ones_like(e["word_mask"])
+            word = token_alignment_loss(e["words"], e["word_summary"], word_positions, e["word_weights"], m["token_temperature"])
+            patch = token_alignment_loss(e["regions"], e["patch_summary"], patch_mask, e["patch_weights"], m["token_temperature"])
+            terms["token"] = m["token_weight"] * (word + patch)
             terms["prototype"] = m["proto_weight"] * prototype_alignment_loss(
                 e["image_emb"], e["text_emb"], e["prototypes"], m["proto_temperature"], m["sinkhorn_eps"],
                 m["sinkhorn_iterations"])
@@ -377,37 +424,64 @@ class VisionLanguageFamily(ModelFamily):
         out["n"] = int(len(u))
         return out
 
+    def _client_scores(self, method, model, fed, key) -> dict[str, float]:
+        """Retrieval scores of ``model`` on every client's test and validation split, ``key(client) + suffix``."""
+        bs, workers, device = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0), method.device
+        metrics = {}
+        for client in fed.clients:
+            for suffix, part in EVAL_SPLITS:
+                data = getattr(client, part)
+                if data is None or len(data) == 0:
+                    continue
+                scores = self.retrieval_scores(*self.embed_dataset(model, data, bs, device, workers))
+                metrics.update({f"{key(client)}{suffix}/{name}": value for name, value in scores.items()})
+        return metrics
+
+    @staticmethod
+    def _mean_over_models(metrics: dict, owners: list[str], clients: list[str], prefix: str = "") -> dict[str, float]:
+        """A data client's score = the mean over the models (``<prefix><owner>@<client>``), as the
+        paper reports local training ("Local.avg")."""
+        out = {}
+        for client in clients:
+            for suffix, _ in EVAL_SPLITS:
+                for name in RETRIEVAL_METRICS:
+                    values = [metrics.get(f"{prefix}{o}@{client}{suffix}/{name}") for o in owners]
+                    if all(v is not None for v in values):
+                        out[f"{prefix}{client}{suffix}/{name}"] = float(np.mean(values))
+        return out
+
     def evaluate(self, method, fed) -> tuple[dict, dict]:
         """Retrieval on every client's test (and validation) split. A personalized method (e.g.
         decentralized training) is scored with every client's model on every client's split,
         ``<model client>@<data client>``; a client's score is then the mean over the models, as the
         paper reports local training ("Local.avg")."""
-        bs, workers, device = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0), method.device
-        splits = [("", "test"), (".val", "val")]
         metrics: dict[str, float] = {}
-        owners = fed.clients if method.personalized else [None]
-        for owner in owners:
-            model = method.model_for(owner)
-            for client in fed.clients:
-                for suffix, part in splits:
-                    data = getattr(client, part)
-                    if data is None or len(data) == 0:
-                        continue
-                    scores = self.retrieval_scores(*self.embed_dataset(model, data, bs, device, workers))
-                    key = f"{client.name}{suffix}" if owner is None else f"{owner.name}@{client.name}{suffix}"
-                    metrics.update({f"{key}/{name}": value for name, value in scores.items()})
-            if owner is None and fed.global_test is not None and len(fed.global_test):
-                scores = self.retrieval_scores(*self.embed_dataset(model, fed.global_test, bs, device, workers))
+        names = [c.name for c in fed.clients]
+        if method.personalized:
+            for owner in fed.clients:
+                model = method.model_for(owner)
+                metrics.update(self._client_scores(method, model, fed, lambda c, o=owner: f"{o.name}@{c.name}"))
+            metrics.update(self._mean_over_models(metrics, names, names))
+        else:
+            model = method.model_for(None)
+            metrics.update(self._client_scores(method, model, fed, lambda c: c.name))
+            if fed.global_test is not None and len(fed.global_test):
+                bs, workers = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0)
+                scores = self.retrieval_scores(*self.embed_dataset(model, fed.global_test, bs, method.device, workers))
                 metrics.update({f"global/{name}": value for name, value in scores.items()})
-        if method.personalized:   # a client's score = mean over the local models
-            for client in fed.clients:
-                for suffix, _ in splits:
-                    for name in RETRIEVAL_METRICS:
-                        values = [metrics.get(f"{o.name}@{client.name}{suffix}/{name}") for o in owners]
-                        if all(v is not None for v in values):
-                            metrics[f"{client.name}{suffix}/{name}"] = float(np.mean(values))
-        metrics.update(summarise_clients(metrics, [c.name for c in fed.clients]))
+        metrics.update(summarise_clients(metrics, names))
         return metrics, {}
+
+    def score_models(self, method, fed, states: dict[str, dict], prefix: str) -> dict[str, float]:
+        """Retrieval of extra client models (``states``: owner -> state dict, loaded into the method's
+        working model) on every client's split, ``<prefix><owner>@<client>`` and the mean over the
+        models ``<prefix><client>``."""
+        metrics: dict[str, float] = {}
+        for owner, state in states.items():
+            method.work.load_state_dict({k: v.to(method.device) for k, v in state.items()})
+            metrics.update(self._client_scores(method, method.work, fed, lambda c, o=owner: f"{prefix}{o}@{c.name}"))
+        metrics.update(self._mean_over_models(metrics, list(states), [c.name for c in fed.clients], prefix))
+        return metrics
 
 
 def require_vlp(method) -> None:
