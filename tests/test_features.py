@@ -2,8 +2,10 @@
 
 import pandas as pd
 import torch
+from PIL import Image
 
 from fedrepro.data import prepare, registry
+from fedrepro.data.decode import spec_of
 from fedrepro.data.images import load_rgb
 from fedrepro.features import encode_dataset
 from fedrepro.models.encoders import create_timm, feature_transform, load_open_clip
@@ -42,9 +44,17 @@ def test_cache_equals_encoding_every_image(demo_raw):
     torch.manual_seed(0)  # the same random-init encoder, used the way the authors' code does: per batch
     model, preprocess, _ = load_open_clip("fedrepro-tiny-clip", "none")
     transform = feature_transform("clip", 64, preprocess)
+    decode = spec_of(transform)
     with torch.no_grad():
-        direct = model.encode_image(torch.stack([transform(load_rgb(demo_raw / p)) for p in manifest["path"][:3]]))
+        direct = model.encode_image(torch.stack([transform(load_rgb(demo_raw / p, decode)) for p in manifest["path"][:3]]))
     assert torch.allclose(cache["image"][:3], direct, atol=1e-5)
+    # without JPEG DCT scaling the cache holds exactly the authors' pixels: full decode, then their preprocess
+    torch.manual_seed(0)
+    exact = encode_dataset(manifest, demo_raw, list(spec.classes), TINY, torch.device("cpu"), progress=False, draft=False)
+    with torch.no_grad():
+        authors = model.encode_image(torch.stack([transform(Image.open(demo_raw / p).convert("RGB")) for p in manifest["path"][:3]]))
+    assert torch.allclose(exact["image"][:3], authors, atol=1e-5)
+    assert not torch.allclose(exact["image"], cache["image"], atol=1e-5)   # the MRIs are large JPEGs: drafting shows
 
 
 def test_bt_preparer_on_the_real_mri_files(demo_raw):

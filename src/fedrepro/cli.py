@@ -65,16 +65,27 @@ def cmd_split(args) -> None:
                      "manifest_sha256": sha256_file(args.manifest), **split.to_json()})
 
 
+def cmd_image_cache(args) -> None:
+    from .data.decode import DecodeSpec
+    from .data.image_cache import build_image_cache
+
+    meta = build_image_cache(Path(args.manifest), Path(args.raw_dir), DecodeSpec.from_key(args.spec), Path(args.out),
+                             workers=args.workers, progress=True)
+    logging.getLogger("fedrepro").info("%s: %d images decoded as %s", args.out, meta["rows"], args.spec)
+
+
 def cmd_features(args) -> None:
     from .data import registry
     from .features import build_feature_cache
+    from .fl.loader import resolve_workers
     from .fl.local import resolve_device
     from .seeding import configure_determinism, seed_global
 
     configure_determinism(True)
     seed_global(0, "init")  # random-init encoders (tests, demo) must be the same in every job
     build_feature_cache(Path(args.manifest), Path(args.raw_dir), list(registry.get(args.dataset).classes),
-                        json.loads(args.encoder), Path(args.out), resolve_device(args.device))
+                        json.loads(args.encoder), Path(args.out), resolve_device(args.device),
+                        workers=resolve_workers(args.workers), draft=args.jpeg_draft == "true")
 
 
 def cmd_train(args) -> None:
@@ -154,12 +165,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_split)
 
+    p = sub.add_parser("image-cache", help="decode every image of a manifest once, at a pipeline's size")
+    p.add_argument("--manifest", required=True)
+    p.add_argument("--raw-dir", default="resources/raw")
+    p.add_argument("--spec", required=True, help="decode spec key, e.g. shorter256-bilinear (see fedrepro.data.decode)")
+    p.add_argument("--workers", type=int, default=1, help="processes that decode images in parallel")
+    p.add_argument("--out", required=True, help="the pixel file <dir>/<spec>.u8 (its .index.npz is written beside it)")
+    p.set_defaults(fn=cmd_image_cache)
+
     p = sub.add_parser("features", help="cache frozen-encoder features of every image")
     p.add_argument("--dataset", required=True)
     p.add_argument("--manifest", required=True)
     p.add_argument("--raw-dir", default="resources/raw")
     p.add_argument("--encoder", required=True, help="encoder spec as JSON")
     p.add_argument("--device", default="auto")
+    p.add_argument("--workers", default="auto", help="image decoding processes (auto = the job's CPUs minus one)")
+    p.add_argument("--jpeg-draft", choices=("true", "false"), default="true", help="JPEG DCT scaling (data.jpeg_draft)")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_features)
 
@@ -190,13 +211,15 @@ def main(argv: list[str] | None = None) -> None:
     log = _setup_logging(args.verbose)
     from .config import ConfigError
     from .data.download import DownloadError
+    from .data.image_cache import StaleImageCache
     from .data.images import CorruptImageError
     from .data.manifest import ManifestError
     from .data.partition import SplitError
 
     try:
         args.fn(args)
-    except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, FileNotFoundError) as error:
+    except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
+            FileNotFoundError) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

@@ -255,7 +255,7 @@ class Project:
         train.setdefault("aggregation", {}).setdefault("weights", "train_size")
         train.setdefault("eval_every", 1)
         train.setdefault("eval_batch_size", max(train["batch_size"], 256))
-        train.setdefault("num_workers", 0)
+        train.setdefault("num_workers", "auto")
         sel = train.setdefault("selection", {})
         sel.setdefault("rule", "auto")
         sel.setdefault("metric", "acc")
@@ -319,7 +319,8 @@ class Project:
         enc = model.get("encoder", {})
         size = f"-{enc['image_size']}px" if enc.get("image_size") else ""
         tag = re.sub(r"[^A-Za-z0-9.]+", "_", Path(enc["pretrained"]).stem if "/" in enc["pretrained"] else enc["pretrained"])
-        return f"{enc['name']}-{tag}-{enc['preprocess']}{size}-{hash_obj(enc, 6)}"
+        full = "" if self.config["data"]["jpeg_draft"] else "-full"   # images decoded without JPEG DCT scaling
+        return f"{enc['name']}-{tag}-{enc['preprocess']}{size}{full}-{hash_obj(enc, 6)}"
 
     def features(self) -> dict[tuple[str, str], dict]:
         """(dataset, features key) -> encoder spec, for every feature cache some run needs."""
@@ -328,6 +329,25 @@ class Project:
             run = self.run_config(key)
             if run["features"]:
                 out[(run["dataset"], run["features"]["key"])] = run["features"]["encoder"]
+        return out
+
+    def image_cache_paths(self, dataset: str, model: dict) -> dict[str, str] | None:
+        """{"train": file, "eval": file} of the decode-once image caches an image run reads (None for
+        runs on cached features, or with ``data.image_cache: false``)."""
+        if self.catalog.input_kind(model["family"]) == "features" or not self.config["data"]["image_cache"]:
+            return None
+        from .models.decoding import decode_specs
+
+        specs = decode_specs(model, draft=self.config["data"]["jpeg_draft"])
+        return {part: f"resources/images/{dataset}/{spec.key}.u8" for part, spec in specs.items()}
+
+    def image_caches(self) -> dict[str, dict]:
+        """Cache file -> {"dataset", "spec"} for every decode-once image cache some run needs."""
+        out = {}
+        for key in self.runs():
+            run = self.run_config(key)
+            for path in (run["paths"]["images"] or {}).values():
+                out[path] = {"dataset": run["dataset"], "spec": Path(path).name.removesuffix(".u8")}
         return out
 
     def run_config(self, key: RunKey) -> dict:
@@ -361,11 +381,13 @@ class Project:
                 "manifest": f"resources/manifests/{setting['dataset']}.csv",
                 "split": f"resources/splits/{split_id}.json",
                 "features": f"resources/features/{setting['dataset']}/{features_key}.pt" if features_key else None,
+                "images": self.image_cache_paths(setting["dataset"], train["model"]),
             },
             "device": self.config["device"],
             "deterministic": self.config["deterministic"],
             "threads": self.config["threads"],
             "corrupt_images": self.config["data"]["corrupt_images"],
+            "jpeg_draft": self.config["data"]["jpeg_draft"],
         }
         run["config_hash"] = hash_obj(run)
         return run

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from .data.images import load_rgb
 from .io import sha256_file, torch_save
 
 
@@ -29,9 +28,18 @@ def encode_prompts(model, tokenizer, template: str, class_names: list[str], devi
 
 @torch.no_grad()
 def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: dict, device: torch.device,
-                   batch_size: int = 64, progress: bool = True) -> dict:
+                   batch_size: int = 64, progress: bool = True, workers: int = 0, draft: bool = True) -> dict:
+    """Encode every manifest row once; images are decoded at the preprocessing's own size
+    (:mod:`fedrepro.data.decode`; JPEG DCT scaling if ``draft``) by ``workers`` loader processes
+    while the encoder runs."""
+    from dataclasses import replace
+
+    import numpy as np
     from tqdm import tqdm
 
+    from .data.decode import spec_of
+    from .data.images import ManifestImages
+    from .fl.local import batches
     from .models.encoders import encoder_transform, load_open_clip
 
     model, clip_preprocess, tokenizer = load_open_clip(encoder["name"], encoder["pretrained"], device=str(device))
@@ -39,14 +47,18 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
 
     text = encode_prompts(model, tokenizer, encoder["prompt"], class_names, device)
     paths = manifest["path"].tolist()
+    images = ManifestImages(raw_root, paths, manifest["label"].to_numpy(), np.arange(len(paths)), transform,
+                            decode=replace(spec_of(transform), draft=draft))
     feats = []
-    for start in tqdm(range(0, len(paths), batch_size), desc="encoding images", unit="batch", disable=not progress):
-        images = torch.stack([transform(load_rgb(Path(raw_root) / p)) for p in paths[start:start + batch_size]])
-        feats.append(model.encode_image(images.to(device)).float().cpu())
+    bar = tqdm(total=len(paths), desc="encoding images", unit="img", disable=not progress)
+    for batch in batches(images, batch_size, shuffle=False, num_workers=workers):
+        feats.append(model.encode_image(batch["x"].to(device)).float().cpu())
+        bar.update(len(batch["x"]))
+    bar.close()
     return {
         "image": torch.cat(feats) if feats else torch.zeros(0, text.shape[1]),
         "text": text,
-        "labels": torch.as_tensor(manifest["label"].to_numpy(), dtype=torch.long),
+        "labels": torch.tensor(manifest["label"].to_numpy(), dtype=torch.long),
         "paths": paths,
         "class_names": list(class_names),
         "encoder": dict(encoder),
@@ -54,11 +66,12 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
 
 
 def build_feature_cache(manifest_path: Path, raw_root: Path, class_names: list[str], encoder: dict, out: Path,
-                        device: torch.device) -> dict:
+                        device: torch.device, workers: int = 0, draft: bool = True) -> dict:
     from .data.manifest import read_manifest
 
     manifest = read_manifest(manifest_path)
-    cache = encode_dataset(manifest, raw_root, class_names, encoder, device)
+    cache = encode_dataset(manifest, raw_root, class_names, encoder, device, workers=workers, draft=draft)
+    cache["jpeg_draft"] = draft
     cache["manifest_sha256"] = sha256_file(manifest_path)
     weights = Path(encoder["pretrained"])
     # provenance of the weights: the file's digest for a local checkpoint, else the open_clip tag

@@ -8,6 +8,7 @@ restored from a checkpoint except what the checkpoint holds anyway (the models).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -44,6 +45,23 @@ def seed_global(seed: int, purpose: str, *keys: int | str) -> None:
     random.seed(value)
     np.random.seed(value % 2**32)
     torch.manual_seed(value)
+
+
+@contextlib.contextmanager
+def kept_rng_state():
+    """Run a block without changing the global RNGs' state (python, numpy, torch CPU and CUDA)."""
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def configure_determinism(enabled: bool) -> dict:

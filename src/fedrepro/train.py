@@ -14,17 +14,21 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .data import registry
+from .data.decode import spec_of
+from .data.image_cache import ImageCache
 from .data.manifest import read_manifest
 from .data.partition import Split
 from .fl.comm import CommLedger
 from .fl.engine import resolve_rule, run_rounds, select, validation_key
-from .fl.federation import build_feature_federation, build_image_federation
+from .fl.federation import build_feature_federation, build_image_federation, federation_datasets
+from .fl.loader import loader_pool, resolve_workers
 from .fl.local import resolve_device
 from .fl.method import MethodContext
 from .io import atomic_path, read_json, sha256_file, torch_save, write_csv, write_json
@@ -62,8 +66,15 @@ def load_federation(run: dict):
     if missing:
         raise InputMismatch(f"{paths['manifest']} has no column(s) {missing}, which model family "
                             f"{run['train']['model']['family']!r} needs; columns: {list(manifest.columns)}")
+    train_transform, eval_transform = family.train_transform(), family.eval_transform()
+    caches = {}
+    for part, transform in (("train", train_transform), ("eval", eval_transform)):
+        if (paths.get("images") or {}).get(part):
+            needed = replace(spec_of(transform), draft=run["jpeg_draft"])
+            caches[part] = ImageCache(paths["images"][part], manifest_sha, needed)
+            hashes[f"images_{part}"] = {"file": paths["images"][part], "spec": needed.key}
     fed = build_image_federation(split, run["protocol"], manifest, paths["raw_dir"], list(spec.classes),
-                                 family.train_transform(), family.eval_transform(), family.extra_columns)
+                                 train_transform, eval_transform, family.extra_columns, caches, run["jpeg_draft"])
     return fed, hashes
 
 
@@ -119,11 +130,16 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     # timed rounds, so that round 1's train_s (FAA-CLIP Table II's time column) measures training only
     importlib.import_module("torch._dynamo")
 
+    # loader workers are an execution setting: resolved from the job's CPUs, recorded, never hashed
+    workers = resolve_workers(run["train"]["num_workers"])
+    run = {**run, "train": {**run["train"], "num_workers": workers}}
     fed, hashes = load_federation(run)
     ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log)
     method = load_class(run["impl"]["method"])(ctx)
     resume = checkpoint_dir / "resume.pt"
-    result = run_rounds(method, fed, run, resume, log)
+    with loader_pool(federation_datasets(fed), workers if run["input"] != "features" else 0,
+                     pin_memory=device.type == "cuda"):
+        result = run_rounds(method, fed, run, resume, log)
 
     summary = summarise(result.history, run, len(method.participants()))
     chosen = resolve_rule(run["train"]["selection"]["rule"], run["protocol"])

@@ -1,4 +1,4 @@
-# Raw data -> manifests -> client splits -> frozen-encoder feature caches.
+# Raw data -> manifests -> client splits -> decode-once image caches and frozen-encoder feature caches.
 
 
 localrules:
@@ -80,6 +80,8 @@ rule features:
     params:
         encoder=lambda wc: json.dumps(FEATURES[f"{wc.dataset}/{wc.key}"], sort_keys=True),
         device=PROJECT.config["device"],
+        draft=str(PROJECT.config["data"]["jpeg_draft"]).lower(),
+    threads: 8
     resources:
         gpu=1,
         mem_mb=per_attempt(16000),
@@ -89,6 +91,31 @@ rule features:
     conda:
         ENV
     shell:
-        "export CUBLAS_WORKSPACE_CONFIG=:4096:8; "
+        "export CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDREPRO_CPUS={threads}; "
         "fedrepro features --dataset {wildcards.dataset} --manifest {input.manifest} --raw-dir {RAW} "
-        "--encoder {params.encoder:q} --device {params.device} --out {output.features} 2> {log}"
+        "--encoder {params.encoder:q} --device {params.device} --workers auto --jpeg-draft {params.draft} "
+        "--out {output.features} 2> {log}"
+
+
+rule image_cache:
+    """Decode every image of a dataset once, at the size a training pipeline first resizes it to
+    (docs/ARCHITECTURE.md, "Decode once"): image runs read these files instead of the originals."""
+    input:
+        manifest="resources/manifests/{dataset}.csv",
+        raw=lambda wc: raw_marker(wc.dataset),
+    output:
+        pixels="resources/images/{dataset}/{spec}.u8",
+        index="resources/images/{dataset}/{spec}.index.npz",
+    wildcard_constraints:
+        spec=r"(shorter|longer|square)\d+-[a-z]+(-full)?|original",
+    threads: 8
+    resources:
+        mem_mb=per_attempt(8000),
+        runtime=per_attempt(240),
+    log:
+        "logs/image_cache/{dataset}/{spec}.log",
+    conda:
+        ENV
+    shell:
+        "fedrepro image-cache --manifest {input.manifest} --raw-dir {RAW} --spec {wildcards.spec} "
+        "--workers {threads} --out {output.pixels} 2> {log}"

@@ -6,6 +6,10 @@ def train_inputs(wildcards):
     inputs = {"manifest": run["paths"]["manifest"], "split": run["paths"]["split"]}
     if run["paths"]["features"]:
         inputs["features"] = run["paths"]["features"]
+    elif run["paths"]["images"]:   # decode-once caches: the job never opens an original image
+        for part, pixels in run["paths"]["images"].items():
+            inputs[f"images_{part}"] = pixels
+            inputs[f"images_{part}_index"] = pixels.removesuffix(".u8") + ".index.npz"
     else:
         inputs["raw"] = raw_marker(run["dataset"])
     return inputs
@@ -38,6 +42,7 @@ rule train:
         checkpoint_dir="results/checkpoints/{paper}/{setting}/{method}/seed{seed}",
     group:
         train_group
+    threads: lambda wc: 1 if on_features(wc) else 8   # image runs: one CPU trains, the rest decode and augment
     resources:
         gpu=lambda wc: 0 if on_features(wc) else 1,
         mem_mb=lambda wc, attempt: attempt * (4000 if on_features(wc) else 32000),
@@ -47,6 +52,6 @@ rule train:
     conda:
         ENV
     shell:
-        "export CUBLAS_WORKSPACE_CONFIG=:4096:8; "
+        "export CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDREPRO_CPUS={threads}; "
         "fedrepro train --run {params.run:q} --out $(dirname {output.metrics}) "
         "--checkpoint-dir {params.checkpoint_dir} 2> {log}"

@@ -9,6 +9,8 @@ from typing import Callable, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from .decode import DecodeSpec, as_rgb, decode_image
+
 
 class CorruptImageError(OSError):
     def __init__(self, path: Path, reason: str):
@@ -17,11 +19,11 @@ class CorruptImageError(OSError):
         self.path = path
 
 
-def load_rgb(path: Path) -> Image.Image:
+def load_rgb(path: Path, spec: DecodeSpec = DecodeSpec()) -> Image.Image:
+    """The image at ``path`` decoded with ``spec`` (:func:`fedrepro.data.decode.decode_image`), as RGB;
+    an unreadable file raises :class:`CorruptImageError` naming it."""
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image.convert("RGB")
+        return as_rgb(decode_image(path, spec))
     except FileNotFoundError:
         raise CorruptImageError(path, "file not found") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
@@ -55,22 +57,33 @@ def find_corrupt(raw_root: Path, paths: Sequence[str], progress: bool = False, w
 
 
 class ManifestImages:
-    """A torch-style dataset over some manifest rows: item -> {"x": image tensor, "y": label, "index": row}."""
+    """A torch-style dataset over some manifest rows: item -> {"x": image tensor, "y": label, "index": row}.
+
+    Each image is decoded with ``decode`` (the first resize of ``transform``, see
+    :mod:`fedrepro.data.decode`), from the decode-once ``cache`` when one is given (indexed by manifest
+    row), else from the original file; both give the same pixels, so the same tensors."""
 
     def __init__(self, raw_root: str | Path, paths: Sequence[str], labels: Sequence[int], rows: Sequence[int],
-                 transform: Callable, extra: dict[str, Sequence] | None = None):
+                 transform: Callable, extra: dict[str, Sequence] | None = None, *, decode: DecodeSpec = DecodeSpec(),
+                 cache=None):
         self.raw_root = Path(raw_root)
         self.paths = list(paths)
         self.labels = np.asarray(labels, dtype=np.int64)
         self.rows = np.asarray(rows, dtype=np.int64)
         self.transform = transform
         self.extra = extra or {}
+        self.decode, self.cache = decode, cache
 
     def __len__(self) -> int:
         return len(self.paths)
 
+    def image(self, i: int) -> Image.Image:
+        if self.cache is not None:
+            return as_rgb(self.cache.image(int(self.rows[i])))
+        return load_rgb(self.raw_root / self.paths[i], self.decode)
+
     def __getitem__(self, i: int) -> dict:
-        item = {"x": self.transform(load_rgb(self.raw_root / self.paths[i])), "y": int(self.labels[i]), "index": int(self.rows[i])}
+        item = {"x": self.transform(self.image(i)), "y": int(self.labels[i]), "index": int(self.rows[i])}
         for key, values in self.extra.items():
             item[key] = values[i]
         return item

@@ -8,7 +8,7 @@ Datasets yield dicts ``{"x": input, "y": label, "index": manifest row}``. Unlabe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -59,6 +59,12 @@ class Federation:
         return len(self.class_names)
 
 
+def federation_datasets(fed: Federation) -> list:
+    """Every dataset of a federation (clients' train/val/test, global test, reference, external)."""
+    parts = [d for c in fed.clients for d in (c.train, c.val, c.test)] + [fed.global_test, fed.reference, fed.external]
+    return [d for d in parts if d is not None]
+
+
 def target_rows(split: Split, protocol: str) -> tuple[np.ndarray, np.ndarray]:
     """-> (global test rows, unlabeled reference rows) under a protocol.
 
@@ -94,29 +100,39 @@ def build_feature_federation(split: Split, protocol: str, cache: dict, class_nam
 
 
 def build_image_federation(split: Split, protocol: str, manifest, raw_root: str | Path, class_names: list[str],
-                           train_transform: Callable, eval_transform: Callable, extra_columns=()) -> Federation:
+                           train_transform: Callable, eval_transform: Callable, extra_columns=(),
+                           caches: dict | None = None, draft: bool = True) -> Federation:
+    """Image datasets for every part of the split. Training (and unlabeled reference) rows go through
+    ``train_transform``, the rest through ``eval_transform``; each pipeline's images are decoded at
+    its first resize (:func:`fedrepro.data.decode.spec_of`, JPEG DCT scaling if ``draft``), read
+    from ``caches[part]`` (decode-once caches, part = "train" / "eval") when given, else from the
+    original files."""
+    from ..data.decode import spec_of
     from ..data.images import ManifestImages
 
     paths = manifest["path"].tolist()
     labels = manifest["label"].to_numpy()
     columns = {c: manifest[c].tolist() for c in extra_columns}
+    caches = caches or {}
+    pipelines = {part: (t, replace(spec_of(t), draft=draft)) for part, t in (("train", train_transform), ("eval", eval_transform))}
 
-    def subset(rows, transform, labelled=True):
+    def subset(rows, part, labelled=True):
         rows = np.asarray(rows, dtype=np.int64)
         y = labels[rows] if labelled else np.full(len(rows), UNLABELED)
         extra = {c: [values[r] for r in rows] for c, values in columns.items()}
-        return ManifestImages(raw_root, [paths[r] for r in rows], y, rows, transform, extra)
+        transform, spec = pipelines[part]
+        return ManifestImages(raw_root, [paths[r] for r in rows], y, rows, transform, extra,
+                              decode=spec, cache=caches.get(part))
 
     test_rows, ref_rows = target_rows(split, protocol)
-    clients = [ClientData(name, i, subset(p["train"], train_transform), subset(p["val"], eval_transform),
-                          subset(p["test"], eval_transform))
+    clients = [ClientData(name, i, subset(p["train"], "train"), subset(p["val"], "eval"), subset(p["test"], "eval"))
                for i, (name, p) in enumerate(sorted(split.clients.items(), key=lambda kv: _client_order(kv[0])))]
     return Federation(
         clients=clients,
-        global_test=subset(test_rows, eval_transform) if len(test_rows) else None,
-        reference=subset(ref_rows, train_transform, labelled=False) if len(ref_rows) else None,
+        global_test=subset(test_rows, "eval") if len(test_rows) else None,
+        reference=subset(ref_rows, "train", labelled=False) if len(ref_rows) else None,
         class_names=class_names,
-        external=subset(split.external, eval_transform) if len(split.external) else None,
+        external=subset(split.external, "eval") if len(split.external) else None,
     )
 
 

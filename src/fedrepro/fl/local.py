@@ -7,8 +7,9 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from ..seeding import torch_generator
+from ..seeding import kept_rng_state, torch_generator
 from .federation import FeatureSet
+from .loader import SeededItems, active_pool, collate, load_items
 
 
 SAMPLERS = ("shuffle", "class_balanced")
@@ -26,35 +27,50 @@ def class_balanced_order(labels, generator: torch.Generator | None = None) -> to
     return torch.multinomial(weights, len(labels), replacement=True, generator=generator)
 
 
+def pass_order(dataset, *, shuffle: bool, generator: torch.Generator | None, sampler: str) -> torch.Tensor:
+    """The order of one pass: a permutation (``shuffle``), the dataset order, or a class-balanced draw."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; allowed: {list(SAMPLERS)}")
+    if sampler == "class_balanced":
+        return class_balanced_order(dataset.labels, generator)
+    n = len(dataset)
+    return torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+
+
 def batches(dataset, batch_size: int, *, shuffle: bool, generator: torch.Generator | None = None,
             drop_last: bool = False, num_workers: int = 0, sampler: str = "shuffle") -> Iterator[dict]:
-    """Mini-batches of dicts. Cached features are sliced directly (no per-item collation).
-    ``sampler``: ``shuffle`` = a permutation per pass (if ``shuffle``); ``class_balanced`` = one
-    pass of :func:`class_balanced_order` (sampling with replacement)."""
+    """Mini-batches of dicts. ``sampler``: ``shuffle`` = a permutation per pass (if ``shuffle``);
+    ``class_balanced`` = one pass of :func:`class_balanced_order` (sampling with replacement).
+
+    Cached features are sliced directly. Images are loaded item by item, each under its own seed
+    drawn here after the order (:mod:`fedrepro.fl.loader`), so augmentations are the same whichever
+    process - the job's loader pool, a one-off loader with ``num_workers``, or this one - loads them."""
     n = len(dataset)
     if n == 0:
         return
-    if sampler not in SAMPLERS:
-        raise ValueError(f"unknown sampler {sampler!r}; allowed: {list(SAMPLERS)}")
-    order = class_balanced_order(dataset.labels, generator) if sampler == "class_balanced" else None
+    order = pass_order(dataset, shuffle=shuffle, generator=generator, sampler=sampler)
+    stop = n - n % batch_size if drop_last and n >= batch_size else n
     if isinstance(dataset, FeatureSet):
-        if order is None:
-            if shuffle and generator is not None:
-                # draw what a DataLoader with this generator draws (its base seed, then the permutation),
-                # so a run on cached features sees exactly the batches of the same run on images
-                torch.empty((), dtype=torch.int64).random_(generator=generator)
-            order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        stop = n - n % batch_size if drop_last and n >= batch_size else n
         for start in range(0, stop, batch_size):
             yield dataset.batch(order[start:start + batch_size])
         return
-    from torch.utils.data import DataLoader
+    seeds = torch.randint(0, 2**62, (n,), generator=generator).tolist() if generator is not None else [0] * n
+    groups = [[(int(order[j]), seeds[j]) for j in range(start, min(start + batch_size, stop))]
+              for start in range(0, stop, batch_size)]
+    pool = active_pool()
+    if pool is not None and pool.knows(dataset):
+        yield from pool.iterate(dataset, groups)
+    elif num_workers > 0:   # a dataset the pool does not hold (e.g. a view made mid-run): a one-off loader
+        from torch.utils.data import DataLoader
 
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle and order is None,
-                        sampler=order.tolist() if order is not None else None, generator=generator,
-                        drop_last=drop_last and n >= batch_size, num_workers=num_workers,
-                        persistent_workers=False)
-    yield from loader
+        items = SeededItems(dataset)
+        yield from DataLoader(items, batch_sampler=[[(p, s) for p, s in g] for g in groups], num_workers=num_workers,
+                              collate_fn=collate)
+    else:
+        for group in groups:
+            with kept_rng_state():   # item seeds must not touch the training loop's own random stream
+                items = load_items(dataset, group)
+            yield collate(items)
 
 
 def local_batches(dataset, train: dict, seed: int, rnd: int, client: int) -> Iterator[dict]:

@@ -46,6 +46,10 @@ class MultiView:
     def __init__(self, *transforms):
         self.transforms = transforms
 
+    @property
+    def views(self) -> tuple:
+        return self.transforms
+
     def __call__(self, image) -> torch.Tensor:
         return torch.stack([t(image) for t in self.transforms])
 

@@ -179,6 +179,13 @@ class PadToSquare:
     def __init__(self, size: int, nearest: bool = False):
         self.size, self.nearest = size, nearest
 
+    @property
+    def decode_spec(self):
+        """Its resize, applied once at decode time (fedrepro.data.decode); the padding stays here."""
+        from ..data.decode import DecodeSpec
+
+        return DecodeSpec(self.size, "longer", "nearest" if self.nearest else "bicubic")
+
     def __call__(self, image):
         from PIL import Image
 
