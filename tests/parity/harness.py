@@ -76,6 +76,7 @@ def paper_run(paper: str, method: str, setting: str | None = None, *, seed: int 
     if protocol is not None:
         run["protocol"] = protocol
     run["train"] = deep_merge(run["train"], train)
+    run["train"]["num_workers"] = 0     # loader processes change no result (tests/test_image_cache.py); a job resolves them
     run["train"]["model"] = model if model is not None else tiny_model(run["train"]["model"])
     run["impl"]["model"] = proj.catalog.implementation("model", run["train"]["model"]["family"])
     run["input"] = proj.catalog.input_kind(run["train"]["model"]["family"])

@@ -9,7 +9,7 @@ import torch
 
 from ..seeding import kept_rng_state, torch_generator
 from .federation import FeatureSet
-from .loader import SeededItems, active_pool, collate, load_items
+from .loader import SeededItems, active_pool, collate, load_items, resolve_workers
 
 
 SAMPLERS = ("shuffle", "class_balanced")
@@ -48,6 +48,7 @@ def batches(dataset, batch_size: int, *, shuffle: bool, generator: torch.Generat
     n = len(dataset)
     if n == 0:
         return
+    num_workers = resolve_workers(num_workers) if isinstance(num_workers, str) else num_workers
     order = pass_order(dataset, shuffle=shuffle, generator=generator, sampler=sampler)
     stop = n - n % batch_size if drop_last and n >= batch_size else n
     if isinstance(dataset, FeatureSet):

@@ -91,6 +91,7 @@ SPECS = {
     "clip_lora": _clip_family,
     "clip_prompt": _clip_family,
     "clip_fam_images": _clip_family,
+    "clip_adapter_images": _clip_family,
 }
 
 
