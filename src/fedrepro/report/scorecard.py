@@ -1,0 +1,170 @@
+"""The reproduction scorecard: for every published cell, did our number reproduce it?
+
+For each cell of every table that has a published value, under each protocol that was run:
+our mean over seeds, its 95% t-interval (mean ± t_{n-1, 0.975} · sd / √n), the published value, the
+difference (ours − published) and a verdict:
+
+- ``reproduced``  the published value lies inside our 95% interval;
+- ``above`` / ``below``  our whole interval lies above / below the published value;
+- ``no interval``  fewer than two seeds: there is no interval to judge by;
+- ``not run``  the paper printed a value, we have none.
+
+Cells whose published value the project derived or assembled (formulas expanded, values taken from
+another table) are marked ``derived`` by the published CSV itself (see :mod:`fedrepro.report.tables`).
+One line per paper says how many cells reproduced ("12 of 40 cells within the 95% interval"). The
+scorecard is written as Markdown, HTML (with a figure: published vs ours, one point per cell with its
+interval, the diagonal drawn) and CSV.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..io import write_csv, write_text
+
+VERDICTS = ("reproduced", "above", "below", "no interval", "not run")
+COLUMNS = ["paper", "table", "protocol", "row", "column", "mean", "ci_low", "ci_high", "n", "published",
+           "delta", "verdict", "derived"]
+
+
+def verdict(mean: float, half_width: float, n: int, published: float) -> str:
+    if n == 0 or math.isnan(mean):
+        return "not run"
+    if n < 2 or math.isnan(half_width):
+        return "no interval"
+    if published < mean - half_width:
+        return "above"
+    if published > mean + half_width:
+        return "below"
+    return "reproduced"
+
+
+def cells(table_csv: str | Path, paper: str, table: str, protocol: str) -> pd.DataFrame:
+    """The scorecard rows of one table CSV (``results/tables/...csv``): its cells with a published value."""
+    frame = pd.read_csv(table_csv, dtype={"row": str, "column": str}, keep_default_na=False, na_values=[""])
+    frame = frame[frame["published"].notna()]
+    if "derived" not in frame:
+        frame = frame.assign(derived=False)
+    out = pd.DataFrame({
+        "paper": paper, "table": table, "protocol": protocol, "row": frame["row"], "column": frame["column"],
+        "mean": frame["mean"], "ci_low": frame["mean"] - frame["ci95"], "ci_high": frame["mean"] + frame["ci95"],
+        "n": frame["n"].astype(int), "published": frame["published"],
+        "delta": frame["mean"] - frame["published"], "derived": frame["derived"].astype(bool),
+    })
+    out["verdict"] = [verdict(m, h, n, p) for m, h, n, p in zip(frame["mean"], frame["ci95"], out["n"], frame["published"])]
+    return out[COLUMNS].reset_index(drop=True)
+
+
+def build(tables: list[tuple[str, str, str, str | Path]]) -> pd.DataFrame:
+    """``tables``: (paper, table, protocol, csv path) of every table to score."""
+    parts = [cells(path, paper, table, protocol) for paper, table, protocol, path in tables]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
+
+
+def summary_line(card: pd.DataFrame, paper: str | None = None) -> str:
+    """e.g. "FACMIC (clean): 12 of 40 cells within the 95% interval (30 above, 2 below, 1 not run)"."""
+    lines = []
+    for (name, protocol), part in card.groupby(["paper", "protocol"], sort=False):
+        counts = part["verdict"].value_counts()
+        judged = len(part) - counts.get("not run", 0) - counts.get("no interval", 0)
+        rest = ", ".join(f"{counts[v]} {v}" for v in VERDICTS[1:] if counts.get(v, 0))
+        lines.append(f"{paper or name} ({protocol}): {counts.get('reproduced', 0)} of {len(part)} cells within the "
+                     f"95% interval" + (f" ({rest})" if rest else "") + (f"; {judged} judged" if judged != len(part) else ""))
+    return "\n".join(lines) if lines else f"{paper or 'all papers'}: no published cell to score"
+
+
+def _fmt(value: float, decimals: int = 2) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{decimals}f}"
+
+
+def _rows(card: pd.DataFrame) -> list[list[str]]:
+    return [[r.table, r.protocol, r.row, r.column, _fmt(r.mean),
+             f"[{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]" if r.n > 1 else "–", str(r.n),
+             _fmt(r.published) + ("*" if r.derived else ""), _fmt(r.delta), r.verdict] for r in card.itertuples()]
+
+
+HEADER = ["table", "protocol", "row", "column", "ours (mean)", "95% interval", "n", "published", "ours − published", "verdict"]
+FOOTNOTE = ("* the published value was derived or assembled by this project (see the table's caption); "
+            "intervals are 95% t-intervals over seeds.")
+
+
+def render_markdown(card: pd.DataFrame, title: str, demo: bool = False) -> str:
+    lines = [f"# {title}", "", summary_line(card).replace("\n", "  \n"), ""]
+    if demo:
+        lines += ["**Demo data and small models: a verdict here says nothing about the papers.**", ""]
+    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in _rows(card)]
+    return "\n".join(lines + ["", FOOTNOTE, ""])
+
+
+def render_html(card: pd.DataFrame, title: str, figure: str | None, demo: bool = False) -> str:
+    colour = {"reproduced": "#d9f2d9", "above": "#fff2cc", "below": "#f8d7da", "not run": "#eeeeee", "no interval": "#eeeeee"}
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
+    body = "".join("<tr style='background:{}'>{}</tr>".format(colour[r[-1]], "".join(f"<td>{html.escape(c)}</td>" for c in r))
+                   for r in _rows(card))
+    summary = "<br>".join(html.escape(line) for line in summary_line(card).splitlines())
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>", f"<p id='summary'>{summary}</p>"]
+    if demo:
+        parts.append("<p><b>Demo data and small models: a verdict here says nothing about the papers.</b></p>")
+    if figure:
+        parts.append(f"<img id='scorecard-figure' src='{html.escape(figure)}' alt='published vs ours' style='max-width:900px'>")
+    parts += [f"<table id='scorecard'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
+              f"<p>{html.escape(FOOTNOTE)}</p></body></html>"]
+    return "\n".join(parts)
+
+
+def plot(card: pd.DataFrame, title: str, out_png: str | Path) -> None:
+    """Published (x) vs ours (y) with 95% interval bars, one point per cell, the diagonal drawn."""
+    from .figures import _plt, save_figure
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.2, 5.2))
+    run = card[card["n"] > 0]
+    markers = {"clean": "o", "paper": "s"}
+    for (protocol, verdict_name), part in run.groupby(["protocol", "verdict"]):
+        err = np.vstack([part["mean"] - part["ci_low"], part["ci_high"] - part["mean"]])
+        ax.errorbar(part["published"], part["mean"], yerr=np.nan_to_num(err), fmt=markers.get(protocol, "o"),
+                    ms=4, capsize=2, alpha=0.8, label=f"{verdict_name} ({protocol})")
+    values = pd.concat([run["published"], run["ci_low"], run["ci_high"]]).dropna()
+    if len(values):
+        lo, hi = float(values.min()), float(values.max())
+        pad = 0.05 * (hi - lo or 1.0)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", lw=1, ls="--")
+        ax.set_xlim(lo - pad, hi + pad)
+        ax.set_ylim(lo - pad, hi + pad)
+    ax.set_xlabel("published")
+    ax.set_ylabel("ours (mean, 95% interval)")
+    ax.set_title(title, fontsize=10)
+    if len(run):
+        ax.legend(fontsize=7, loc="upper left")
+    save_figure(fig, out_png)
+    plt.close(fig)
+
+
+@dataclass
+class ScorecardFiles:
+    md: Path
+    html: Path
+    csv: Path
+    png: Path
+
+    @classmethod
+    def at(cls, stem: str | Path) -> "ScorecardFiles":
+        stem = Path(stem)
+        return cls(stem.with_suffix(".md"), stem.with_suffix(".html"), stem.with_suffix(".csv"), stem.with_suffix(".png"))
+
+
+def write(card: pd.DataFrame, title: str, files: ScorecardFiles, demo: bool = False) -> None:
+    write_csv(files.csv, card)
+    plot(card, title, files.png)
+    write_text(files.md, render_markdown(card, title, demo))
+    write_text(files.html, render_html(card, title, files.png.name, demo))
