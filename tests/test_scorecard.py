@@ -1,11 +1,15 @@
 """The reproduction scorecard: verdicts against the 95% interval, summaries, and what it renders."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from fedrepro.report import scorecard
+
+# screenshots and other files a human may want to look at after a CI run
+ARTEFACTS = Path(__file__).resolve().parents[1] / "results" / "test-artefacts"
 
 
 def test_verdicts_against_the_95_percent_interval():
@@ -48,3 +52,21 @@ def test_scorecard_cells_summary_and_rendering(tmp_path):
     assert files.png.stat().st_size > 5000
     assert pd.read_csv(files.csv)["verdict"].tolist() == card["verdict"].tolist()
     assert "| table2 | clean | FedAvg | SC | 40.00 | [37.52, 42.48] | 3 | 48.30 | -8.30 | below |" in files.md.read_text()
+
+
+@pytest.mark.slow
+def test_scorecard_page_renders_in_a_browser(tmp_path):
+    from browser import rendered
+
+    t1 = _table(tmp_path, "table1", [
+        {"row": "FedAvg", "column": "BT", "mean": 66.0, "std": 1.0, "se": 0.58, "ci95": 2.48, "n": 3, "published": 66.24, "delta": -0.24},
+        {"row": "FedProx", "column": "BT", "mean": 60.0, "std": 1.0, "se": 0.58, "ci95": 2.48, "n": 3, "published": 66.24, "delta": -6.24},
+    ])
+    files = scorecard.ScorecardFiles.at(tmp_path / "page" / "facmic")
+    scorecard.write(scorecard.build([("facmic", "table1", "clean", t1)]), "FACMIC scorecard", files)
+    state = rendered(files.html, ARTEFACTS / "scorecard.png")
+    figure = [i for i in state["images"] if i["id"] == "scorecard-figure"]
+    assert figure and figure[0]["ok"] and figure[0]["width"] > 300, state["images"]
+    assert all(i["ok"] for i in state["images"]), state["images"]
+    assert {"id": "scorecard", "rows": 2} in state["tables"]
+    assert "1 of 2 cells within the 95% interval" in state["text"]

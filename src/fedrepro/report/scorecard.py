@@ -29,6 +29,8 @@ import pandas as pd
 from ..io import write_csv, write_text
 
 VERDICTS = ("reproduced", "above", "below", "no interval", "not run")
+VERDICT_COLOURS = {"reproduced": "#2e7d32", "above": "#ef6c00", "below": "#c62828", "no interval": "#757575",
+                   "not run": "#757575"}
 COLUMNS = ["paper", "table", "protocol", "row", "column", "mean", "ci_low", "ci_high", "n", "published",
            "delta", "verdict", "derived"]
 
@@ -133,7 +135,7 @@ def plot(card: pd.DataFrame, title: str, out_png: str | Path) -> None:
     for (protocol, verdict_name), part in run.groupby(["protocol", "verdict"]):
         err = np.vstack([part["mean"] - part["ci_low"], part["ci_high"] - part["mean"]])
         ax.errorbar(part["published"], part["mean"], yerr=np.nan_to_num(err), fmt=markers.get(protocol, "o"),
-                    ms=4, capsize=2, alpha=0.8, label=f"{verdict_name} ({protocol})")
+                    color=VERDICT_COLOURS[verdict_name], ms=4, capsize=2, alpha=0.8, label=f"{verdict_name} ({protocol})")
     values = pd.concat([run["published"], run["ci_low"], run["ci_high"]]).dropna()
     if len(values):
         lo, hi = float(values.min()), float(values.max())
