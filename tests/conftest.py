@@ -65,3 +65,13 @@ def copy_repo_skeleton(dest: Path) -> Path:
         src = ROOT / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / item)
     return dest
+
+
+def build_image_caches(run: dict) -> None:
+    """What the DAG builds before an image run: its decode-once image caches (``image_cache`` rule)."""
+    from fedrepro.cli import main as cli
+
+    for pixels in (run["paths"]["images"] or {}).values():
+        if not Path(pixels).exists():
+            cli(["image-cache", "--manifest", run["paths"]["manifest"], "--raw-dir", run["paths"]["raw_dir"],
+                 "--spec", Path(pixels).name.removesuffix(".u8"), "--out", pixels])

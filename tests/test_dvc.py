@@ -14,7 +14,7 @@ from infra_support import REPO, TINY_CONFIG, TINY_METRICS, TINY_TABLE, copy_repo
 
 STAGE_OUTS = {
     "raw": "resources/raw", "manifests": "resources/manifests", "splits": "resources/splits",
-    "features": "resources/features", "runs": "results/runs", "checkpoints": "results/checkpoints",
+    "images": "resources/images", "features": "resources/features", "runs": "results/runs", "checkpoints": "results/checkpoints",
     "tables": "results/tables", "figures": "results/figures",
 }
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import build_image_caches
 from fedrepro.config import RunKey, load_project
 from fedrepro.data import registry
 from fedrepro.data.datasets.fundus import circle_crop
@@ -532,6 +533,7 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
     counts = pd.read_csv(Path(run["paths"]["split"]).with_suffix(".counts.csv")).set_index("client")
     assert counts.loc[["client0", "client1", "client2", "global_test", "external"], "total"].tolist() == [30, 30, 24, 21, 40]
 
+    build_image_caches(run)
     summary = train_run(run, f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
     metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
     assert metrics == json.loads(json.dumps(summary))

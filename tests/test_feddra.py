@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import build_image_caches
 from dicom_files import write_dicom
 
 REPO = Path(__file__).resolve().parents[1]
@@ -716,6 +717,7 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
     write_json(run["paths"]["split"], {"dataset": "demo_vlp", "spec": spec["spec"], "seed": spec["seed"],
                                        "manifest_sha256": sha256_file(run["paths"]["manifest"]), **split.to_json()})
     out, ckpt = Path("results/runs") / key.path, Path("results/checkpoints") / key.path
+    build_image_caches(run)
     summary = train_run(run, out, ckpt)
     metrics = read_json(out / "metrics.json")
     assert metrics == json.loads(json.dumps(summary)) and metrics["rounds"] == 4

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import build_image_caches
 from dicom_files import write_dicom
 
 from fedrepro.data.datasets import fediic as ds
@@ -608,6 +609,7 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
              "--spec", json.dumps(spec["spec"]), "--seed", str(spec["seed"]), "--out", f"resources/splits/{split_id}.json"])
     for method in ("fediic", "creff"):
         key = RunKey("fediic", "lt_creff", method, 0)
+        build_image_caches(demo_project.run_config(key))
         summary = train_run(demo_project.run_config(key), f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
         metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
         assert metrics["run"]["method"] == summary["run"]["method"] == method and metrics["rounds"] == 2
