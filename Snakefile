@@ -1,11 +1,13 @@
 # fedrepro: the whole pipeline as one DAG.
 #
-#   download -> prepare -> split -> features (frozen encoders) -> train (method x setting x seed)
-#   -> tables / figures
+#   download -> prepare -> split -> image cache / features (frozen encoders) -> train (protocol x paper
+#   x setting x method x seed) -> tables / figures (embeddings of trained models where a figure needs
+#   them) -> scorecards
 #
 # Users: `snakemake --profile slurm all` (cluster), `snakemake --cores 2 all` (one machine),
-# `snakemake --cores 2 results/tables/<paper>/<table>.md` (one table, and only what it needs).
-# The configuration is validated against workflow/schemas before any job is scheduled.
+# `snakemake --cores 2 results/tables/clean/<paper>/<table>.md` (one table, and only what it needs).
+# The configuration is validated before any job is scheduled.
+
 
 configfile: "config/config.yaml"
 
@@ -13,8 +15,8 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/downstream.smk"
 include: "workflow/rules/report.smk"
-include: "workflow/rules/feddra.smk"
 
 
 rule all:

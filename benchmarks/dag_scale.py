@@ -45,8 +45,16 @@ PROFILE = ROOT / "workflow/profiles/slurm/config.yaml"
 
 def count_jobs(configfiles: list[str], group_components: dict[str, int]) -> dict:
     from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, GroupSettings,
-                                          OutputSettings, Quietness, RemoteExecutionSettings, ResourceSettings)
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        ExecutionSettings,
+        GroupSettings,
+        OutputSettings,
+        Quietness,
+        RemoteExecutionSettings,
+        ResourceSettings,
+    )
     from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
 
     cores = yaml.safe_load(PROFILE.read_text()).get("cores", 1)

@@ -57,13 +57,13 @@ def parse_args(argv=None):
 
 def prepare(args, workdir: Path):
     """-> (manifest DataFrame, raw root, class names, split)."""
-    from fedrepro.data import registry
     from fedrepro.data.download import download_dataset
     from fedrepro.data.manifest import read_manifest
     from fedrepro.data.partition import make_split
     from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
 
-    spec = registry.get(args.dataset)
+    spec = dataset(args.dataset)
     manifest_path = Path(args.manifest or f"resources/manifests/{args.dataset}.csv")
     raw = Path(args.raw_dir)
     if manifest_path.exists():

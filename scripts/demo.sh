@@ -14,7 +14,7 @@ export FEDREPRO_FORKSERVER="$PWD/.snakemake/fedrepro-forkserver.sock"
 python -m fedrepro.forkserver serve "$FEDREPRO_FORKSERVER" 2> .snakemake/forkserver.log &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true' EXIT
-if ! python -c "import sys; from fedrepro.forkserver import wait_ready; sys.exit(not wait_ready('$FEDREPRO_FORKSERVER', 180))"; then
+if ! python -c "import sys; from fedrepro.forkclient import wait_ready; sys.exit(not wait_ready('$FEDREPRO_FORKSERVER', 180))"; then
     echo "fork-server did not start (see .snakemake/forkserver.log); running jobs without it" >&2
     unset FEDREPRO_FORKSERVER
 fi
@@ -22,6 +22,7 @@ fi
 snakemake --cores "${CORES:-2}" --configfile=config/demo.yaml all "$@"
 snakemake --cores 1 --configfile=config/demo.yaml --report results/report.html
 echo
-echo "Tables:  results/tables/<paper>/<table>.{md,csv,tex}"
-echo "Figures: results/figures/<paper>/<figure>.{png,pdf}"
+echo "Scorecards: results/scorecards/<paper>.html (did each published number reproduce?)"
+echo "Tables:  results/tables/<protocol>/<paper>/<table>.{md,csv,tex}"
+echo "Figures: results/figures/<protocol>/<paper>/<figure>.{png,pdf}"
 echo "Report:  results/report.html"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-DEFAULT_PULL = ("manifests", "splits", "runs", "tables", "figures")
+DEFAULT_PULL = ("manifests", "splits", "runs", "embeddings", "tables", "figures", "scorecards")
 NOTHING_TO_DO = "Nothing to be done"
 
 

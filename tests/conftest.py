@@ -23,11 +23,12 @@ def root() -> Path:
 @pytest.fixture(scope="session")
 def demo_raw(tmp_path_factory) -> Path:
     """The offline demo datasets materialised once per test session (raw root)."""
-    from fedrepro.data import download, registry
+    from fedrepro.data import download
+    from fedrepro.registry import dataset
 
     raw = tmp_path_factory.mktemp("raw")
     for name in ("demo_bt", "demo_fashion", "demo_domains"):
-        download.download_dataset(registry.get(name), raw)
+        download.download_dataset(dataset(name), raw)
     return raw
 
 
@@ -46,7 +47,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def forkserver(tmp_path_factory):
     """A warm fork-server for tests that run many CLI jobs (see fedrepro.forkserver)."""
-    from fedrepro.forkserver import wait_ready
+    from fedrepro.forkclient import wait_ready
 
     sock = tmp_path_factory.mktemp("fs") / "fedrepro.sock"
     proc = subprocess.Popen([sys.executable, "-m", "fedrepro.forkserver", "serve", str(sock)],
@@ -75,3 +76,17 @@ def build_image_caches(run: dict) -> None:
         if not Path(pixels).exists():
             cli(["image-cache", "--manifest", run["paths"]["manifest"], "--raw-dir", run["paths"]["raw_dir"],
                  "--spec", Path(pixels).name.removesuffix(".u8"), "--out", pixels])
+
+
+def draw_figure(project, paper: str, figure: str, out_png, protocol: str = "clean") -> None:
+    """What the DAG does for a figure: extract what it needs from trained models (``embed``), then draw it."""
+    from fedrepro import paths
+    from fedrepro.embed import embed
+    from fedrepro.report.figures import figure_inputs, figure_item, make_figure
+
+    item = figure_item(project, protocol, paper, figure)
+    for key in project.figure_runs(paper, figure, protocol):
+        target = paths.embedding(key, figure)
+        if target in figure_inputs(item) and not Path(target).exists():
+            embed(project.embed_job(key, figure), target)
+    make_figure(item, out_png)

@@ -19,8 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = "tests/data/infra/config.yaml"          # relative to a repository root
 TINY_RUN = ("foundation", "bt_iid", "fedclip", 0)      # its only run
-TINY_TABLE = "results/tables/foundation/accuracy.md"
-TINY_METRICS = "results/runs/foundation/bt_iid/fedclip/seed0/metrics.json"
+TINY_TABLE = "results/tables/clean/foundation/accuracy.md"
+TINY_METRICS = "results/runs/clean/foundation/bt_iid/fedclip/seed0/metrics.json"
 
 
 def copy_repo(dest: Path) -> Path:
@@ -72,10 +72,10 @@ def build_tiny_inputs(workdir: Path) -> dict:
     `fedrepro` commands the rules call, in-process; -> the run config of its only run (its paths are
     relative to ``workdir``, as a pipeline job's are to the repository root)."""
     from fedrepro.cli import main
-    from fedrepro.config import RunKey, load_project
+    from fedrepro.config import load_project
 
     project = load_project([REPO / "config/config.yaml", REPO / TINY_CONFIG], root=REPO)
-    run_cfg = project.run_config(RunKey(*TINY_RUN))
+    run_cfg = project.run_config(project.run_key(*TINY_RUN))
     paths, dataset = run_cfg["paths"], run_cfg["dataset"]
     split = project.splits()[run_cfg["split_id"]]
     with contextlib.chdir(workdir):

@@ -13,16 +13,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedrepro.config import ConfigError, RunKey, catalog, load_project, validate
+from fedrepro.config import ConfigError, load_project, method_schema, model_schema, validate
+from fedrepro.data.loader import FeatureSet
 from fedrepro.fl.comm import CommLedger
-from fedrepro.fl.federation import ClientData, FeatureSet, Federation
+from fedrepro.fl.federation import ClientData, Federation
 from fedrepro.fl.method import MethodContext
-from fedrepro.methods import load_class
-from fedrepro.methods.faa_clip import DomainClassifier, domain_adversarial_loss, grad_reverse
-from fedrepro.methods.facmic import (gaussian_kernels, kernel_bandwidth, lmmd, pairwise_sq_dists, source_weights,
-                                     target_weights)
+from fedrepro.methods.faa_clip import (
+    DomainClassifier,
+    domain_adversarial_loss,
+    grad_reverse,
+)
+from fedrepro.methods.facmic import (
+    gaussian_kernels,
+    kernel_bandwidth,
+    lmmd,
+    pairwise_sq_dists,
+    source_weights,
+    target_weights,
+)
 from fedrepro.models.fam import FeatureAttention
 from fedrepro.models.families import clip_batch_objective, cross_entropy_over
+from fedrepro.registry import method_class, model_class
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -201,17 +212,15 @@ def _federation(dim=8, classes=3, per_client=(12, 16, 20), reference=10, seed=0)
 
 def _method(name: str, params: dict | None = None, family: str = "clip_fam", model: dict | None = None, fed=None,
             weights="uniform"):
-    cat = catalog(REPO)
-    params = validate(dict(params or {}), cat.method_schema(name), "params")
-    model = validate({"family": family, **(model or {})}, cat.model_schema(family), "model")
+    params = validate(dict(params or {}), method_schema(name), "params")
+    model = validate({"family": family, **(model or {})}, model_schema(family), "model")
     run = {"seed": 0, "setting": "test", "method": name, "algorithm": {"name": name, "params": params},
-           "impl": {"model": cat.implementation("model", family)},
            "train": {"model": model, "batch_size": 4, "local": {"epochs": 1, "drop_last": True},
                      "optimizer": {"name": "adam", "lr": 1e-2, "weight_decay": 0.0, "persist": False},
                      "aggregation": {"weights": weights}, "eval_batch_size": 64, "num_workers": 0}}
     fed = fed or _federation()
     ctx = MethodContext(run=run, federation=fed, device=torch.device("cpu"), comm=CommLedger(), log=logging.getLogger("t"))
-    method = load_class(cat.implementation("method", name))(ctx)
+    method = method_class(name)(ctx)
     method.setup()
     return method
 
@@ -287,15 +296,14 @@ def test_faa_clip_communicates_the_fam_and_keeps_the_discriminator_local():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from fedrepro.models.clip_tuning import frozen_clip
+    from fedrepro.models.encoders import frozen_clip
 
     return frozen_clip(TINY)
 
 
 def _family(family: str, model: dict | None = None, classes=("cat", "dog", "glioma_tumor")):
-    cat = catalog(REPO)
-    cfg = validate({"family": family, "encoder": dict(TINY), **(model or {})}, cat.model_schema(family), "model")
-    return load_class(cat.implementation("model", family))(cfg, list(classes), {})
+    cfg = validate({"family": family, "encoder": dict(TINY), **(model or {})}, model_schema(family), "model")
+    return model_class(family)(cfg, list(classes), {})
 
 
 def test_clip_full_class_prompts_equal_per_sample_prompts(tiny):
@@ -384,37 +392,37 @@ def test_bt_bt2_adds_all_of_bt2_as_an_external_source(tmp_path):
     """FACMIC's transfer dataset, from tiny folders in the two Kaggle layouts."""
     from PIL import Image
 
-    from fedrepro.data import registry
     from fedrepro.data.manifest import write_manifest
     from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
 
     raw, manifests = tmp_path / "raw", tmp_path / "manifests"
     folders = {"bt": ("glioma_tumor", "no_tumor"), "bt2": ("glioma", "notumor", "pituitary")}
-    for dataset, classes in folders.items():
+    for source, classes in folders.items():
         for split in ("Training", "Testing"):
             for name in classes:
-                (raw / dataset / split / name).mkdir(parents=True)
-                Image.new("RGB", (8, 8)).save(raw / dataset / split / name / f"{split}-{name}.jpg")
-        write_manifest(manifests / f"{dataset}.csv", prepare_dataset(registry.get(dataset), raw))
-    frame = prepare_dataset(registry.get("bt_bt2"), raw, manifests)
+                (raw / source / split / name).mkdir(parents=True)
+                Image.new("RGB", (8, 8)).save(raw / source / split / name / f"{split}-{name}.jpg")
+        write_manifest(manifests / f"{source}.csv", prepare_dataset(dataset(source), raw))
+    frame = prepare_dataset(dataset("bt_bt2"), raw, manifests)
     assert len(frame) == 10 and frame["source"].value_counts().to_dict() == {"bt2": 6, "": 4}
     bt2 = frame[frame["source"] == "bt2"]
     assert set(bt2["class_name"]) == {"glioma_tumor", "no_tumor", "pituitary_tumor"}
     assert bt2["path"].str.startswith("bt2/").all() and set(bt2["split"]) == {"train", "test"}
-    assert (frame["label"] == frame["class_name"].map(registry.get("bt_bt2").classes.index)).all()
+    assert (frame["label"] == frame["class_name"].map(dataset("bt_bt2").classes.index)).all()
 
 
 def test_cached_features_and_the_uncached_encoder_give_the_same_facmic_round(demo_data, tiny):
-    from fedrepro.data import registry
     from fedrepro.data.manifest import read_manifest
     from fedrepro.data.partition import make_split
     from fedrepro.features import encode_dataset
     from fedrepro.fl.federation import build_feature_federation, build_image_federation
+    from fedrepro.registry import dataset
     from fedrepro.seeding import seed_global
 
     manifest = read_manifest(demo_data / "resources/manifests/demo_domains.csv")
     manifest = manifest[manifest["source"] == "edges"].iloc[::3].reset_index(drop=True)     # 50 images
-    classes = list(registry.get("demo_domains").classes)
+    classes = list(dataset("demo_domains").classes)
     split = make_split(manifest, {"kind": "iid", "clients": 2, "global_test": {"fraction": 0.3},
                                   "reference_fraction": 0.5}, seed=0)
     seed_global(0, "init")                                   # what `fedrepro features` does before encoding
@@ -440,10 +448,10 @@ def test_cached_features_and_the_uncached_encoder_give_the_same_facmic_round(dem
 def test_faa_clip_table2_times_every_method_on_its_image_path():
     # the paper's minutes per round include CLIP's forward on every batch; runs on cached features leave it out
     project = load_project([REPO / "config/config.yaml"], root=REPO)
-    for setting, method in project.table_cells("faa_clip", "table2"):
-        run = project.run_config(RunKey("faa_clip", setting, method, 0))
-        assert run["input"] == "images", (setting, method, run["train"]["model"]["family"])
-    families = {project.run_config(RunKey("faa_clip", "sc", m, 0))["train"]["model"]["family"]
+    for key in project.table_runs("faa_clip", "table2", "clean"):
+        run = project.run_config(key)
+        assert run["input"] == "images", (key, run["train"]["model"]["family"])
+    families = {project.run_config(project.run_key("faa_clip", "sc", m, 0))["train"]["model"]["family"]
                 for m in ("fedclip_images", "faa_clip_images")}
     assert families == {"clip_adapter_images", "clip_fam_images"}
 
@@ -451,13 +459,12 @@ def test_faa_clip_table2_times_every_method_on_its_image_path():
 def test_demo_configs_end_to_end(demo_data, monkeypatch):
     """The FACMIC demo (both protocols, external transfer set) and an FAA-CLIP demo run through the Python API."""
     from fedrepro import cli
-    from fedrepro.config import RunKey
     from fedrepro.train import train_run
 
     monkeypatch.chdir(demo_data)
     project = load_project([REPO / "config/demo.yaml"], {"papers": ["facmic", "faa_clip"]}, root=REPO)
-    keys = [RunKey("facmic", "bt_iid", "facmic", 0), RunKey("facmic", "bt_iid_paper", "facmic", 0),
-            RunKey("faa_clip", "oh_acp_r", "faa_clip", 0)]
+    keys = [project.run_key("facmic", "bt_iid", "facmic", 0), project.run_key("facmic", "bt_iid_paper", "facmic", 0),
+            project.run_key("faa_clip", "oh_acp_r", "faa_clip", 0)]
     for key in keys:
         run = project.run_config(key)
         split = project.splits()[run["split_id"]]
@@ -503,4 +510,4 @@ def test_bad_method_options_name_the_key_and_the_allowed_values(tmp_path):
         load_project([REPO / "config/demo.yaml"], {"papers": ["facmic"], "paper_dir": str(tmp_path)}, root=REPO)
     model = {"family": "clip_lora", "targets": ["qq"]}
     with pytest.raises(ConfigError, match="targets/0"):
-        validate(model, catalog(REPO).model_schema("clip_lora"), "model")
+        validate(model, model_schema("clip_lora"), "model")

@@ -92,7 +92,7 @@ PAPER = {
 
 
 def _write_run(root: Path, setting: str, method: str, seed: int, rng) -> dict:
-    out = root / "results/runs" / P / setting / method / f"seed{seed}"
+    out = root / "results/runs" / "clean" / P / setting / method / f"seed{seed}"
     out.mkdir(parents=True)
     arrays, evals = {}, {}
     for key in EVALS:
@@ -137,81 +137,91 @@ def tiny(tmp_path_factory):
     return project, root, evals, counts
 
 
+def _item(project, figure):
+    from fedrepro.report.figures import figure_item
+
+    return figure_item(project, "clean", P, figure)
+
+
 def test_curve_figures_say_which_round_their_predictions_come_from(tiny, monkeypatch):
-    from fedrepro.report.clip_figures import _rounds_note
+    from fedrepro.report.predictions import _rounds_note
 
     project, root, _, _ = tiny
     monkeypatch.chdir(root)
-    spec = {"settings": ["iid"], "methods": ["fedavg", "fedclip"]}
-    assert _rounds_note(project, P, spec) == "predictions: each eval set at its best test round"
+    assert _rounds_note(_item(project, "dca")) == "predictions: each eval set at its best test round"
 
 
 def _fashion_classes():
-    from fedrepro.data import registry
+    from fedrepro.registry import dataset
 
-    return registry.get("demo_fashion").classes
+    return dataset("demo_fashion").classes
 
 
 def test_radar_counts_average_the_seeds_splits(tiny, monkeypatch):
-    from fedrepro.report.clip_figures import client_class_counts
+    from fedrepro.report.splits import client_class_counts
 
     project, root, _, counts = tiny
     monkeypatch.chdir(root)
     # "dir" redraws its split per seed: the kite shows the mean over both splits, clients only
-    got = client_class_counts(project, P, "dir")
+    got = client_class_counts(_item(project, "kite"), "dir")
     expected = (counts[("dir", 0)] + counts[("dir", 1)]).loc[["client0", "client1"]] / 2
     np.testing.assert_allclose(got.to_numpy(), expected.to_numpy())
     assert list(got.index) == ["client0", "client1"]
     # "iid" uses split seed 0 for every run seed: one split, not an average
     assert project.split_id(P, "iid", 0) == project.split_id(P, "iid", 1)
-    np.testing.assert_allclose(client_class_counts(project, P, "iid").to_numpy(),
+    np.testing.assert_allclose(client_class_counts(_item(project, "kite"), "iid").to_numpy(),
                                counts[("iid", 0)].loc[["client0", "client1"]].to_numpy())
 
 
 @pytest.mark.parametrize("figure", list(PAPER["figures"]))
 def test_every_kind_writes_png_and_pdf(tiny, monkeypatch, figure):
-    from fedrepro.report.figures import make_figure
+    from fedrepro.report.figures import figure_inputs, make_figure
 
     project, root, _, _ = tiny
     monkeypatch.chdir(root)
-    out = root / "results/figures" / P / f"{figure}.png"
-    make_figure(project, P, figure, out)
+    item = _item(project, figure)
+    assert all(Path(f).exists() for f in figure_inputs(item))   # the rule declares what the figure reads
+    out = root / "results/figures/clean" / P / f"{figure}.png"
+    make_figure(item, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     pdf = out.with_suffix(".pdf")
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 1000
 
 
 def test_bar_values_are_seed_means(tiny, monkeypatch):
-    from fedrepro.report.clip_figures import metric_summary
+    from fedrepro.report.bars import metric_summary
 
     project, root, evals, _ = tiny
     monkeypatch.chdir(root)
-    got = metric_summary(project, P, "iid", "fedclip", "client1", "bacc")
+    got = metric_summary(_item(project, "bars"), "iid", "fedclip", "client1", "bacc")
     values = [evals[("iid", "fedclip", s)]["client1"]["bacc"] for s in (0, 1)]
     assert got["mean"] == pytest.approx(np.mean(values)) and got["std"] == pytest.approx(np.std(values, ddof=1))
 
 
 def test_missing_eval_set_and_missing_run_are_named(tiny, monkeypatch):
-    from fedrepro.report.clip_figures import load_predictions
+    from fedrepro.report.predictions import load_predictions
 
     project, root, _, _ = tiny
     monkeypatch.chdir(root)
+    item = _item(project, "roc")
     with pytest.raises(KeyError, match=r"client7.*available: \['client0', 'client1', 'global'\]"):
-        load_predictions(P, "iid", "fedavg", 0, "client7")
+        load_predictions(item, "iid", "fedavg", 0, "client7")
     with pytest.raises(FileNotFoundError, match="seed5/predictions.npz"):
-        load_predictions(P, "iid", "fedavg", 5, "global")
+        load_predictions(item, "iid", "fedavg", 5, "global")
 
 
 def test_bad_figure_specs_are_named(tiny, monkeypatch):
-    from fedrepro.report.clip_figures import reliability, roc
+    from fedrepro.report.predictions import reliability, roc
 
     project, root, _, _ = tiny
     monkeypatch.chdir(root)
-    spec = {"kind": "reliability", "settings": ["iid"], "methods": ["fedavg"], "options": {"bin": 10}}
-    with pytest.raises(ValueError, match=r"figures/rel/options: unknown key\(s\) \['bin'\].*allowed: \['bins'\]"):
-        reliability(project, P, "rel", spec, root / "x.png")
-    with pytest.raises(ValueError, match=r"figures/r \(kind roc\) needs \['methods'\]"):
-        roc(project, P, "r", {"kind": "roc", "settings": ["iid"]}, root / "x.png")
+    figures = project.papers[P]["figures"]
+    figures["rel_typo"] = {"kind": "reliability", "settings": ["iid"], "methods": ["fedavg"], "options": {"bin": 10}}
+    figures["roc_short"] = {"kind": "roc", "settings": ["iid"]}
+    with pytest.raises(ValueError, match=r"figures/rel_typo/options: unknown key\(s\) \['bin'\].*allowed: \['bins'\]"):
+        reliability(_item(project, "rel_typo"), root / "x.png")
+    with pytest.raises(ValueError, match=r"figures/roc_short \(kind roc\) needs \['methods'\]"):
+        roc(_item(project, "roc_short"), root / "x.png")
 
 
 def test_seed_table_and_turn_series_by_hand(tmp_path, monkeypatch):
@@ -219,8 +229,8 @@ def test_seed_table_and_turn_series_by_hand(tmp_path, monkeypatch):
     after each turn's last evaluated round."""
     from types import SimpleNamespace
 
-    from fedrepro.report.feddra_figures import turn_series
-    from fedrepro.report.figures import seed_table
+    from fedrepro.report.curves import seed_table, turn_series
+    from fedrepro.report.item import ReportItem
 
     monkeypatch.chdir(tmp_path)
     histories = {  # rounds 1..4, evaluated at 2 and 4 (NaN elsewhere); neither run logs cos_sim
@@ -228,19 +238,20 @@ def test_seed_table_and_turn_series_by_hand(tmp_path, monkeypatch):
         1: {"round": [1, 2, 3, 4], "global/acc": [np.nan, 0.3, np.nan, 0.9], "loss": [1, 1, 1, 1]},
     }
     for seed, columns in histories.items():
-        out = tmp_path / "results/runs/p/s/m" / f"seed{seed}"
+        out = tmp_path / "results/runs/clean/p/s/m" / f"seed{seed}"
         out.mkdir(parents=True)
         pd.DataFrame(columns).to_csv(out / "history.csv", index=False)
-    project = SimpleNamespace(config={"seeds": [0, 1]})
+    project = SimpleNamespace(seeds=[0, 1], protocol=lambda paper, setting, protocol: protocol)
+    item = ReportItem(project, "clean", "p", "figures", "f")
 
-    table = seed_table(project, "p", "s", "m", "global/acc")
+    table = seed_table(item, "s", "m", "global/acc")
     assert list(table.index) == [2, 4]
     np.testing.assert_allclose(table.mean(axis=1), [0.4, 0.8])
     np.testing.assert_allclose(table.std(axis=1), [np.sqrt(0.02), np.sqrt(0.02)])
-    assert seed_table(project, "p", "s", "m", "cos_sim") is None
+    assert seed_table(item, "s", "m", "cos_sim") is None
 
     # two rounds per turn: turn 1 = round 2, turn 2 = round 4; one round per turn keeps evaluated rounds
-    by_turn = seed_table(project, "p", "s", "m", "global/acc", per_run=lambda h, c: turn_series(h, c, 2))
+    by_turn = seed_table(item, "s", "m", "global/acc", per_run=lambda h, c: turn_series(h, c, 2))
     assert list(by_turn.index) == [1, 2]
     np.testing.assert_allclose(by_turn.iloc[:, 0], [0.5, 0.7])
     history = pd.DataFrame({"round": [1, 2, 3], "x": [0.1, np.nan, 0.3]})

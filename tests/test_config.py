@@ -1,12 +1,17 @@
 """Configuration validation: typos are errors that name the key and what is allowed."""
 
 import copy
-import importlib
 
 import pytest
 import yaml
 
-from fedrepro.config import ConfigError, Project, RunKey, catalog, deep_merge, load_project
+from fedrepro.config import (
+    ConfigError,
+    Project,
+    RunKey,
+    deep_merge,
+    load_project,
+)
 
 DEMO = ["config/config.yaml", "config/demo.yaml"]
 
@@ -91,8 +96,8 @@ def test_protocol_overrides_merge_into_the_runs_of_that_protocol_only(tmp_path):
         paper["settings"]["fashion_paper"] = {**copy.deepcopy(paper["settings"]["fashion_iid"]), "protocol": "paper"}
 
     project = write_paper(tmp_path, with_override)
-    clean = project.run_config(RunKey("foundation", "fashion_iid", "fedprox", 0))
-    paper = project.run_config(RunKey("foundation", "fashion_paper", "fedprox", 0))
+    clean = project.run_config(project.run_key("foundation", "fashion_iid", "fedprox", 0))
+    paper = project.run_config(project.run_key("foundation", "fashion_paper", "fedprox", 0))
     assert clean["algorithm"]["params"] == {"mu": 0.01, "squared": False, "anchor": "round_start", "warmup_updates": 0}
     assert paper["algorithm"]["params"] == {"mu": 0.01, "squared": False, "anchor": "previous_round", "warmup_updates": 0}
     assert paper["train"]["optimizer"]["lr"] == 0.5 and clean["train"]["optimizer"]["lr"] != 0.5
@@ -114,7 +119,7 @@ def test_table_naming_a_missing_method(tmp_path):
 
 
 def test_run_config_hash_follows_every_hyperparameter(tmp_path):
-    key = RunKey("foundation", "fashion_iid", "fedclip", 0)
+    key = RunKey("foundation", "clean", "fashion_iid", "fedclip", 0)
     before = write_paper(tmp_path, lambda paper: None).run_config(key)
 
     def other_lr(paper):
@@ -123,28 +128,33 @@ def test_run_config_hash_follows_every_hyperparameter(tmp_path):
     after = write_paper(tmp_path, other_lr).run_config(key)
     assert before["config_hash"] != after["config_hash"]
     assert after["train"]["optimizer"]["lr"] == 0.5
-    assert load_project(DEMO).run_config(RunKey("foundation", "fashion_iid", "fedclip", 1))["seed"] == 1
+    assert load_project(DEMO).run_config(load_project(DEMO).run_key("foundation", "fashion_iid", "fedclip", 1))["seed"] == 1
 
 
 def test_defaults_filled_and_model_blocks_replace_across_families():
     project = load_project(DEMO)
-    fedavg = project.run_config(RunKey("foundation", "fashion_iid", "fedavg", 0))
+    fedavg = project.run_config(project.run_key("foundation", "fashion_iid", "fedavg", 0))
     assert fedavg["train"]["model"]["family"] == "classifier"
     assert "encoder" not in fedavg["train"]["model"]  # the clip_adapter default did not leak in
     assert fedavg["train"]["model"]["normalize"] == "imagenet"  # schema default
-    fedclip = project.run_config(RunKey("foundation", "fashion_iid", "fedclip", 0))
+    fedclip = project.run_config(project.run_key("foundation", "fashion_iid", "fedclip", 0))
     assert fedclip["train"]["model"]["encoder"]["prompt"] == "a picture of a {}"
     assert fedclip["input"] == "features" and fedavg["input"] == "images"
 
 
-def test_catalogue_entries_point_at_real_classes():
-    cat = catalog(".")
-    for kind, entries in (("method", cat.methods), ("model", cat.models)):
-        for name, entry in entries.items():
-            module, _, cls = entry["x-module"].partition(":")
-            assert hasattr(importlib.import_module(module), cls), f"{kind} {name}: {entry['x-module']} does not exist"
-        if kind == "model":
-            assert all(e["x-input"] in ("features", "images", "image_text") for e in entries.values())
+def test_registry_holds_every_method_and_model_family_with_a_schema():
+    from fedrepro.registry import METHODS, MODELS
+
+    assert {"fedavg", "facmic", "faa_clip", "fediic", "feddra", "fedadapterproto", "creff"} <= set(METHODS.names())
+    for entry in METHODS.entries():
+        assert entry["schema"]["type"] == "object" and entry["schema"]["additionalProperties"] is False, entry.name
+    for entry in MODELS.entries():
+        assert entry["input"] in ("features", "images", "image_text"), entry.name
+        assert entry["schema"]["properties"]["family"] == {"const": entry.name}
+        # every image family names its decode-once caches from its config alone
+        assert (entry["decode"] is None) == (entry["input"] == "features"), entry.name
+    with pytest.raises(KeyError, match=r"unknown method 'fedprx' \(did you mean 'fedprox'\?\)"):
+        METHODS.get("fedprx")
 
 
 def test_deep_merge_does_not_mutate():

@@ -20,11 +20,12 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from fedrepro.data import download, registry
+from fedrepro.data import download
 from fedrepro.data.download import ChecksumMismatch, DownloadError, ManualStepRequired
 from fedrepro.data.manifest import ManifestError, validate_manifest, write_manifest
 from fedrepro.data.prepare import prepare_dataset
-from fedrepro.data.registry import DatasetSpec, Source
+from fedrepro.data.spec import DatasetSpec, Source
+from fedrepro.registry import dataset
 
 
 def jpeg(path: Path, shade: int = 0) -> Path:
@@ -34,7 +35,7 @@ def jpeg(path: Path, shade: int = 0) -> Path:
 
 
 def prepare(name: str, raw: Path, **kw) -> pd.DataFrame:
-    return validate_manifest(prepare_dataset(registry.get(name), raw, **kw), registry.get(name).classes)
+    return validate_manifest(prepare_dataset(dataset(name), raw, **kw), dataset(name).classes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def _skin_manifests(tmp_path) -> tuple[Path, Path]:
 def test_skin_real_classes_sources_dedupe_and_isic_split(tmp_path):
     raw, manifests = _skin_manifests(tmp_path)
     m = prepare("skin_real", raw, manifest_dir=manifests)
-    assert list(registry.get("skin_real").classes) == ["AK", "BCC", "DF", "MEL", "NV", "PBK", "VL"]
+    assert list(dataset("skin_real").classes) == ["AK", "BCC", "DF", "MEL", "NV", "PBK", "VL"]
     # SK and SCC are gone (sc9 SK, sc9 SCC, isic SCC)
     assert not set(m["image_id"]) & {"ISIC_0000002", "ISIC_0000005", "ISIC_0030000"}
     # every ISIC id once: ISIC_0025780 stays with sc9 (not HAM), ISIC_0000013 with sc9 (not ISIC 2019),
@@ -245,7 +246,7 @@ def make_hyperkvasir(raw: Path) -> Path:
 def test_hyperkvasir_findings_from_the_tree(tmp_path):
     root = make_hyperkvasir(tmp_path)
     m = prepare("hyperkvasir", tmp_path)
-    assert len(registry.get("hyperkvasir").classes) == 23
+    assert len(dataset("hyperkvasir").classes) == 23
     assert m.groupby("class_name").size().to_dict() == {"barretts-short-segment": 1, "cecum": 2,
                                                         "ulcerative-colitis-grade-2-3": 1, "z-line": 1}
     row = m[m["class_name"] == "z-line"].iloc[0]
@@ -257,7 +258,7 @@ def test_hyperkvasir_findings_from_the_tree(tmp_path):
 
 
 def test_bt_preparer_on_the_real_demo_mris(tmp_path):
-    download.download_dataset(registry.get("demo_bt"), tmp_path)
+    download.download_dataset(dataset("demo_bt"), tmp_path)
     m = prepare("demo_bt", tmp_path)
     assert len(m) == 17 and m["label"].nunique() == 4
     assert m.groupby("split")["label"].nunique().to_dict() == {"test": 4, "train": 4}
@@ -267,13 +268,13 @@ def test_bt_preparer_on_the_real_demo_mris(tmp_path):
 
 def test_registry_entries_are_complete():
     for name in ("sc9", "isic2019", "ham10000", "skin_real", "officehome", "modern_office31", "hyperkvasir"):
-        spec = registry.get(name)
+        spec = dataset(name)
         assert spec.layout and spec.used_by and (spec.sources or spec.depends_on), name
         assert spec.expected_files or spec.depends_on, name
         for source in spec.sources:
             assert source.note, (name, source.ref)  # says how the digest is established
-    assert registry.get("hyperkvasir").sources[0].sha256 == "c603449b1bc0be86948b11d9aea8b2002058a11e6f5499e2a384b9ae9c8dbd3f"
-    assert {s.kind for s in registry.get("ham10000").sources} == {"dataverse"}
+    assert dataset("hyperkvasir").sources[0].sha256 == "c603449b1bc0be86948b11d9aea8b2002058a11e6f5499e2a384b9ae9c8dbd3f"
+    assert {s.kind for s in dataset("ham10000").sources} == {"dataverse"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,7 +400,7 @@ def kaggle_env(tmp_path) -> dict:
 
 
 def test_missing_kaggle_token_gives_placement_instructions(tmp_path):
-    spec = registry.get("sc9")
+    spec = dataset("sc9")
     with pytest.raises(ManualStepRequired) as err:
         download.download_dataset(spec, tmp_path, env=kaggle_env(tmp_path))
     text = str(err.value)
@@ -419,7 +420,7 @@ def test_kaggle_secret_never_leaks(server, tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
     env = {"KAGGLE_USERNAME": "someone", "KAGGLE_KEY": secret}
     with pytest.raises(ManualStepRequired, match="Kaggle refused the download") as err:
-        download.download_dataset(registry.get("sc9"), tmp_path, env=env)
+        download.download_dataset(dataset("sc9"), tmp_path, env=env)
     assert server.seen[-1]["auth"].startswith("Basic ")  # the token was used ...
     assert secret not in str(err.value) and secret not in caplog.text  # ... and shown nowhere
     assert secret not in repr(download.kaggle_credentials(env))
@@ -455,8 +456,8 @@ def test_dataverse_files_by_name_with_published_md5(server, tmp_path):
     page = serve_dataverse(server, {"HAM10000_images_part_1.zip": part1, "HAM10000_images_part_2.zip": part2,
                                     "HAM10000_metadata": meta}, tabular={"HAM10000_metadata"})
     # the registered HAM10000 sources, pointed at the local server
-    spec = dataclasses.replace(registry.get("ham10000"), sources=tuple(
-        dataclasses.replace(s, ref=page) for s in registry.get("ham10000").sources))
+    spec = dataclasses.replace(dataset("ham10000"), sources=tuple(
+        dataclasses.replace(s, ref=page) for s in dataset("ham10000").sources))
     download.download_dataset(spec, tmp_path)
     base = tmp_path / "ham10000"
     assert (base / "ISIC_0024306.jpg").read_bytes() == b"jpeg1" and (base / "ISIC_0034320.jpg").exists()
@@ -478,7 +479,7 @@ def test_dataverse_published_checksum_mismatch(server, tmp_path):
 
 
 def test_manual_source_and_placement_by_hand(tmp_path):
-    spec = registry.get("modern_office31")
+    spec = dataset("modern_office31")
     with pytest.raises(ManualStepRequired, match=r"no stable direct link; download it from https://gitlab.com/tringwald/adaptiope"):
         download.download_dataset(spec, tmp_path)
     for domain in ("amazon", "dslr", "synthetic", "webcam"):
@@ -523,7 +524,7 @@ def test_isic_download_end_to_end_then_prepare(server, tmp_path, monkeypatch):
     make_isic2019(tmp_path / "src")
     src = tmp_path / "src/isic2019"
     images = {f"ISIC_2019_Training_Input/{p.name}": p.read_bytes() for p in (src / "ISIC_2019_Training_Input").iterdir()}
-    spec = registry.get("isic2019")
+    spec = dataset("isic2019")
     mirrored = []
     for s in spec.sources:
         server.files[f"/2019/{s.filename}"] = zip_bytes(images) if s.extract else (src / "downloads" / s.filename).read_bytes()

@@ -4,10 +4,17 @@ import json
 import zipfile
 
 import pytest
+from fedrepro.data.spec import DatasetSpec, Source
 
-from fedrepro.data.download import (ChecksumMismatch, DownloadError, ManualStepRequired, download_dataset, extract,
-                                    kaggle_credentials, verify_archive)
-from fedrepro.data.registry import DatasetSpec, Source
+from fedrepro.data.download import (
+    ChecksumMismatch,
+    DownloadError,
+    ManualStepRequired,
+    download_dataset,
+    extract,
+    kaggle_credentials,
+    verify_archive,
+)
 from fedrepro.io import sha256_file
 
 

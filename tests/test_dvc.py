@@ -10,12 +10,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra_support import REPO, TINY_CONFIG, TINY_METRICS, TINY_TABLE, copy_repo, run, tool_env
+from infra_support import (
+    REPO,
+    TINY_CONFIG,
+    TINY_METRICS,
+    TINY_TABLE,
+    copy_repo,
+    run,
+    tool_env,
+)
 
 STAGE_OUTS = {
     "raw": "resources/raw", "manifests": "resources/manifests", "splits": "resources/splits",
     "images": "resources/images", "features": "resources/features", "runs": "results/runs", "checkpoints": "results/checkpoints",
-    "tables": "results/tables", "figures": "results/figures",
+    "embeddings": "results/embeddings", "tables": "results/tables", "figures": "results/figures",
+    "scorecards": "results/scorecards",
 }
 
 
@@ -39,7 +48,7 @@ def test_default_remote_is_a_local_directory_and_pull_skips_heavy_targets():
     spec = importlib.util.spec_from_file_location("dvc_results", REPO / "scripts/dvc-results.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert set(module.DEFAULT_PULL) == {"manifests", "splits", "runs", "tables", "figures"}
+    assert set(module.DEFAULT_PULL) == {"manifests", "splits", "runs", "embeddings", "tables", "figures", "scorecards"}
     assert set(module.DEFAULT_PULL) <= set(STAGE_OUTS)
 
 

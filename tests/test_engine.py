@@ -7,10 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
+from fedrepro.data.loader import FeatureSet
 from fedrepro.fl.comm import CommLedger
-from fedrepro.fl.engine import run_rounds, select
-from fedrepro.fl.federation import ClientData, FeatureSet, Federation
+from fedrepro.fl.engine import run_rounds
+from fedrepro.fl.federation import ClientData, Federation
 from fedrepro.fl.method import MethodContext
+from fedrepro.fl.selection import select
 from fedrepro.methods.centralized import Centralized
 from fedrepro.methods.fedclip import FedCLIP
 
@@ -149,7 +151,7 @@ def test_one_round_for_every_column_and_each_columns_best():
 
 
 def test_tracker_keeps_each_eval_sets_best_round_and_the_one_best_global_round():
-    from fedrepro.fl.engine import PredictionTracker
+    from fedrepro.fl.selection import PredictionTracker
 
     tracker = PredictionTracker("acc")
     p = {r: np.full((2, 2), r, dtype=float) for r in (1, 2)}
@@ -164,7 +166,7 @@ def test_tracker_keeps_each_eval_sets_best_round_and_the_one_best_global_round()
 
 
 def test_tracker_resumes_from_a_checkpoint_without_per_key_bests():
-    from fedrepro.fl.engine import PredictionTracker
+    from fedrepro.fl.selection import PredictionTracker
 
     old = {"best": {"best_val": 0.5, "best_test": 0.7}, "predictions": {"best_test": {"round": 3, "global/probs": np.ones((1, 2))}}}
     tracker = PredictionTracker("acc")

@@ -4,11 +4,12 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from fedrepro.data import prepare, registry
+from fedrepro.data import prepare
 from fedrepro.data.decode import spec_of
 from fedrepro.data.images import load_rgb
 from fedrepro.features import encode_dataset
 from fedrepro.models.encoders import create_timm, feature_transform, load_open_clip
+from fedrepro.registry import dataset
 
 TINY = {"name": "fedrepro-tiny-clip", "pretrained": "none", "preprocess": "clip", "prompt": "a picture of a {}"}
 
@@ -35,7 +36,7 @@ def test_timm_from_a_local_checkpoint_keeps_the_body_and_a_fresh_head(tmp_path):
 
 
 def test_cache_equals_encoding_every_image(demo_raw):
-    spec = registry.get("demo_bt")
+    spec = dataset("demo_bt")
     manifest = prepare.prepare_dataset(spec, demo_raw)
     torch.manual_seed(0)
     cache = encode_dataset(manifest, demo_raw, list(spec.classes), TINY, torch.device("cpu"), batch_size=5, progress=False)
@@ -58,8 +59,8 @@ def test_cache_equals_encoding_every_image(demo_raw):
 
 
 def test_bt_preparer_on_the_real_mri_files(demo_raw):
-    manifest = prepare.prepare_dataset(registry.get("demo_bt"), demo_raw)
+    manifest = prepare.prepare_dataset(dataset("demo_bt"), demo_raw)
     assert len(manifest) == 17
-    assert set(manifest["class_name"]) == set(registry.get("bt").classes)
+    assert set(manifest["class_name"]) == set(dataset("bt").classes)
     assert manifest.groupby("split").size().to_dict() == {"test": 4, "train": 13}
     assert isinstance(manifest, pd.DataFrame) and manifest["path"].str.startswith("demo_bt/Training/").sum() == 13

@@ -16,25 +16,35 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import build_image_caches
-from fedrepro.config import RunKey, load_project
-from fedrepro.data import registry
+from conftest import build_image_caches, draw_figure
+from fedrepro.config import load_project
 from fedrepro.data.datasets.fundus import circle_crop
 from fedrepro.data.download import ManualStepRequired, download_dataset
+from fedrepro.data.loader import class_balanced_order
 from fedrepro.data.partition import SplitError, make_split
 from fedrepro.data.prepare import prepare_dataset
+from fedrepro.embed import high_activation_box
 from fedrepro.fl.comm import CommLedger
 from fedrepro.fl.federation import ClientData, Federation
-from fedrepro.fl.local import class_balanced_order
 from fedrepro.fl.method import ClientUpdate, MethodContext
-from fedrepro.methods import load_class
-from fedrepro.methods.fedadapterproto import (adapter_penalty, client_weights, cluster_cost, separation_cost,
-                                              wrong_class_l1)
+from fedrepro.methods.fedadapterproto import (
+    adapter_penalty,
+    client_weights,
+    cluster_cost,
+    separation_cost,
+    wrong_class_l1,
+)
 from fedrepro.methods.fednova import fednova_update, normalising_factor
 from fedrepro.methods.fedproto import aggregate_prototypes, prototype_regulariser
-from fedrepro.models.protoadapter import (BottleneckAdapter, PrototypeHead, class_identity, distance_to_similarity,
-                                          last_layer_init, prototype_distances)
-from fedrepro.report.proto_figures import high_activation_box
+from fedrepro.models.protoadapter import (
+    BottleneckAdapter,
+    PrototypeHead,
+    class_identity,
+    distance_to_similarity,
+    last_layer_init,
+    prototype_distances,
+)
+from fedrepro.registry import dataset, method_class, model_class
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,9 +198,9 @@ def tiny_method(project, method: str, **train):
                                   TensorImages(x[:2], [0, 1]), TensorImages(x[:0], [])))
     fed = Federation(clients, TensorImages(torch.randn(4, 3, 24, 24, generator=gen), [0, 1, 0, 1], 900), None,
                      ["sneaker", "bag"])
-    run = copy.deepcopy(project.run_config(RunKey("fedadapterproto", "sites", method, 0)))
+    run = copy.deepcopy(project.run_config(project.run_key("fedadapterproto", "sites", method, 0)))
     run["train"].update(train)
-    m = load_class(run["impl"]["method"])(MethodContext(run, fed, torch.device("cpu"), CommLedger(), logging.getLogger("test")))
+    m = method_class(run["algorithm"]["name"])(MethodContext(run, fed, torch.device("cpu"), CommLedger(), logging.getLogger("test")))
     m.setup()
     return m, fed
 
@@ -402,7 +412,7 @@ def test_authors_indexing_reads_the_metadata_order_through_the_real_preparers(tm
         write_disc(aptos / "train_images" / f"{code}.png")
     manifests = tmp_path / "manifests"
     for name in ("eyepacs", "aptos2019", "eyepacs_aptos"):
-        spec = registry.get(name)
+        spec = dataset(name)
         if "crop_size" in spec.options:
             spec = replace(spec, options={**spec.options, "crop_size": 8})
         write_manifest(manifests / f"{name}.csv", prepare_dataset(spec, tmp_path / "raw", manifests))
@@ -466,7 +476,7 @@ def write_disc(path: Path) -> None:
 
 def test_eyepacs_download_explains_the_request(tmp_path):
     with pytest.raises(ManualStepRequired, match="clinical_siteIdentifier") as info:
-        download_dataset(registry.get("eyepacs"), tmp_path)
+        download_dataset(dataset("eyepacs"), tmp_path)
     assert "metadata.csv" in str(info.value)
 
 
@@ -484,7 +494,7 @@ def test_eyepacs_preparer_filters_and_crops(tmp_path):
         write_disc(base / path[path.find("images-set"):])
     pd.DataFrame(rows, columns=["image_path", "image_field", "session_image_quality", "diagnosis_image_dr_level",
                                 "clinical_siteIdentifier"]).to_csv(base / "metadata.csv", index=False)
-    spec = replace(registry.get("eyepacs"), options={**registry.get("eyepacs").options, "crop_size": 16})
+    spec = replace(dataset("eyepacs"), options={**dataset("eyepacs").options, "crop_size": 16})
     manifest = prepare_dataset(spec, tmp_path)
     assert [Path(p).stem for p in manifest["path"]] == ["a", "b", "c"]
     assert manifest["class_name"].tolist() == ["healthy", "diseased", "diseased"]
@@ -498,7 +508,7 @@ def test_aptos_preparer_is_binary_external(tmp_path):
     pd.DataFrame({"id_code": ["x1", "x2", "x3"], "diagnosis": [0, 2, 4]}).to_csv(base.mkdir() or base / "train.csv", index=False)
     for code in ("x1", "x2", "x3"):
         write_disc(base / "train_images" / f"{code}.png")
-    spec = replace(registry.get("aptos2019"), options={"crop_size": 8})
+    spec = replace(dataset("aptos2019"), options={"crop_size": 8})
     manifest = prepare_dataset(spec, tmp_path)
     assert manifest["label"].tolist() == [0, 1, 1]
     assert set(manifest["split"]) == {"test"} and set(manifest["source"]) == {"aptos2019"}
@@ -517,7 +527,6 @@ def test_prototype_box_is_the_top_activation_region():
 
 def test_demo_run_end_to_end(tmp_path, monkeypatch):
     from fedrepro import cli
-    from fedrepro.report.figures import make_figure
     from fedrepro.train import train_run
 
     monkeypatch.chdir(tmp_path)
@@ -525,7 +534,7 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
     for name in ("demo_domains", "demo_fashion", "demo_sites"):
         cli.main(["download", name])
         cli.main(["prepare", name, "--out", f"resources/manifests/{name}.csv"])
-    key = RunKey("fedadapterproto", "sites", "fedadapterproto", 0)
+    key = project.run_key("fedadapterproto", "sites", "fedadapterproto", 0)
     run = project.run_config(key)
     split = project.splits()[run["split_id"]]
     cli.main(["split", "--dataset", "demo_sites", "--manifest", "resources/manifests/demo_sites.csv",
@@ -541,10 +550,10 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
         for where, n in (("global", 21), ("external", 40)):
             result = metrics["eval"][f"client{c}@{where}"]
             assert result["n"] == n and 0.0 <= result["acc"] <= 1.0
-    model = sum(p.numel() for p in load_class(run["impl"]["model"])(run["train"]["model"], ["a", "b"], {}).build().parameters())
+    model = sum(p.numel() for p in model_class(run["train"]["model"]["family"])(run["train"]["model"], ["a", "b"], {}).build().parameters())
     assert 0 < metrics["comm"]["params_per_client_round"] < 0.2 * 2 * model   # adapters + prototype layer only
     assert Path(f"results/checkpoints/{key.path}/model.pt").is_file()
     assert not Path(f"results/checkpoints/{key.path}/resume.pt").exists()
 
-    make_figure(project, "fedadapterproto", "fig4", tmp_path / "fig4.png")
+    draw_figure(project, "fedadapterproto", "fig4", tmp_path / "fig4.png")
     assert (tmp_path / "fig4.png").stat().st_size > 10_000 and (tmp_path / "fig4.pdf").is_file()

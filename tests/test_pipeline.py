@@ -35,40 +35,40 @@ def pipeline(tmp_path_factory, demo_raw, forkserver):
 
 def test_tables_have_the_expected_rows_and_columns(pipeline):
     work, _, _ = pipeline
-    table = pd.read_csv(work / "results/tables/foundation/accuracy.csv")
+    table = pd.read_csv(work / "results/tables/clean/foundation/accuracy.csv")
     assert set(table["row"]) == {"Centralized", "FedAvg (test_resnet)", "FedCLIP"}
     assert set(table["column"]) == {"Fashion IID", "Fashion α=0.3", "Avg", "BT (17 MRIs)"}
     assert (table["n"] == 1).all() and table["mean"].between(0, 100).all()
     published = table[(table.row == "FedCLIP") & (table.column == "Fashion IID")]["published"].item()
     assert published == 50.0
-    markdown = (work / "results/tables/foundation/accuracy.md").read_text()
+    markdown = (work / "results/tables/clean/foundation/accuracy.md").read_text()
     assert "| FedCLIP |" in markdown and "Protocol: clean" in markdown and "best validation round" in markdown
-    assert (work / "results/tables/foundation/accuracy.tex").read_text().startswith("\\begin{table}")
-    counts = pd.read_csv(work / "results/tables/foundation/clients.csv")
+    assert (work / "results/tables/clean/foundation/accuracy.tex").read_text().startswith("\\begin{table}")
+    counts = pd.read_csv(work / "results/tables/clean/foundation/clients.csv")
     assert {"client0", "client1", "client2", "global_test"} <= set(counts["row"])
     for figure in ("curves", "splits"):
-        assert (work / f"results/figures/foundation/{figure}.png").stat().st_size > 1000
-        assert (work / f"results/figures/foundation/{figure}.pdf").exists()
+        assert (work / f"results/figures/clean/foundation/{figure}.png").stat().st_size > 1000
+        assert (work / f"results/figures/clean/foundation/{figure}.pdf").exists()
 
 
 def test_run_outputs_and_provenance(pipeline):
     work, _, _ = pipeline
-    run = work / "results/runs/foundation/fashion_iid/fedclip/seed0"
+    run = work / "results/runs/clean/foundation/fashion_iid/fedclip/seed0"
     manifest = yaml.safe_load((run / "run_manifest.json").read_text())
     assert manifest["run"]["config_hash"] and manifest["inputs"]["split_sha256"]
     assert manifest["determinism"]["deterministic"] is True
     assert "torch" in manifest["packages"] and manifest["seeds"]["run"] == 0
     history = pd.read_csv(run / "history.csv")
     assert list(history["round"]) == [1, 2] and (history["up_params"] > 0).all()
-    assert not (work / "results/checkpoints/foundation/fashion_iid/fedclip/seed0/resume.pt").exists()
+    assert not (work / "results/checkpoints/clean/foundation/fashion_iid/fedclip/seed0/resume.pt").exists()
 
 
 def test_nothing_left_to_do_and_one_table_rebuilds_alone(pipeline):
     work, env, _ = pipeline
     dry = snakemake(work, "-n", "all", env=env)
     assert "Nothing to be done" in dry.stdout + dry.stderr
-    (work / "results/tables/foundation/accuracy.md").unlink()
-    rebuild = snakemake(work, "results/tables/foundation/accuracy.md", env=env)
+    (work / "results/tables/clean/foundation/accuracy.md").unlink()
+    rebuild = snakemake(work, "results/tables/clean/foundation/accuracy.md", env=env)
     assert rebuild.returncode == 0, rebuild.stderr[-3000:]
     log = rebuild.stdout + rebuild.stderr
     assert "rule table:" in log or "localrule table:" in log
@@ -81,5 +81,5 @@ def test_config_error_stops_before_any_job(tmp_path):
     result = snakemake(work, "-n", "all")
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "unknown key(s) ['protocl']" in output and "did you mean 'protocol'" in output
+    assert "unknown key(s) ['protocl']" in output and "did you mean 'protocols'" in output
     assert "rule " not in output  # no job was scheduled

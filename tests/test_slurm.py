@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra_support import REPO, TINY_CONFIG, TINY_METRICS, TINY_TABLE, copy_repo, run, tool_env
+from infra_support import (
+    REPO,
+    TINY_CONFIG,
+    TINY_METRICS,
+    TINY_TABLE,
+    copy_repo,
+    run,
+    tool_env,
+)
 
 PROFILE = REPO / "workflow/profiles/slurm/config.yaml"
 CI_PROFILE = REPO / "workflow/profiles/ci-slurm/config.yaml"
@@ -126,7 +134,7 @@ def test_tiny_grid_runs_through_slurm(local_slurm, tmp_path):
                   "--configfile", TINY_CONFIG], repo, env, timeout=900)
     output = result.stdout + result.stderr
 
-    assert (repo / TINY_TABLE).is_file() and (repo / "results/figures/foundation/curves.png").is_file()
+    assert (repo / TINY_TABLE).is_file() and (repo / "results/figures/clean/foundation/curves.png").is_file()
     assert "BT (17 MRIs)" in (repo / TINY_TABLE).read_text()
 
     submitted = {}   # SLURM job id -> what Snakemake submitted (rule_<name> or group_<group>_<rules>)

@@ -17,21 +17,22 @@ def _setup_logging(verbose: bool = False) -> logging.Logger:
 
 
 def cmd_download(args) -> None:
-    from .data import download, registry
+    from .data import download
+    from .registry import dataset
 
-    download.download_dataset(registry.get(args.dataset), Path(args.raw_dir))
+    download.download_dataset(dataset(args.dataset), Path(args.raw_dir))
 
 
 def cmd_prepare(args) -> None:
     import pandas as pd
 
-    from .data import registry
     from .data.images import find_corrupt
     from .data.manifest import write_manifest
     from .data.prepare import prepare_dataset
     from .io import write_csv
+    from .registry import dataset
 
-    spec = registry.get(args.dataset)
+    spec = dataset(args.dataset)
     manifest = prepare_dataset(spec, Path(args.raw_dir), manifest_dir=Path(args.out).parent)
     bad = find_corrupt(Path(args.raw_dir), manifest["path"].tolist(), progress=True, workers=args.workers) if args.verify else []
     report = Path(args.out).with_suffix(".skipped.csv")
@@ -47,14 +48,14 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_split(args) -> None:
-    from .data import registry
     from .data.manifest import read_manifest
     from .data.partition import count_table, make_split
     from .io import sha256_file, write_csv, write_json
-    from .report.figures import split_heatmap
+    from .registry import dataset
+    from .report.splits import split_heatmap
 
     spec = json.loads(args.spec)
-    classes = list(registry.get(args.dataset).classes)
+    classes = list(dataset(args.dataset).classes)
     manifest = read_manifest(args.manifest)
     split = make_split(manifest, spec, args.seed)
     out = Path(args.out)
@@ -75,15 +76,15 @@ def cmd_image_cache(args) -> None:
 
 
 def cmd_features(args) -> None:
-    from .data import registry
+    from .data.loader import resolve_workers
+    from .device import resolve_device
     from .features import build_feature_cache
-    from .fl.loader import resolve_workers
-    from .fl.local import resolve_device
+    from .registry import dataset
     from .seeding import configure_determinism, seed_global
 
     configure_determinism(True)
     seed_global(0, "init")  # random-init encoders (tests, demo) must be the same in every job
-    build_feature_cache(Path(args.manifest), Path(args.raw_dir), list(registry.get(args.dataset).classes),
+    build_feature_cache(Path(args.manifest), Path(args.raw_dir), list(dataset(args.dataset).classes),
                         json.loads(args.encoder), Path(args.out), resolve_device(args.device),
                         workers=resolve_workers(args.workers), draft=args.jpeg_draft == "true")
 
@@ -108,17 +109,37 @@ def _project(args):
 
 
 def cmd_table(args) -> None:
-    from .report.tables import make_table, write_table
+    from .report.tables import make_table, table_item, write_table
 
     project = _project(args)
-    result = make_table(project, args.paper, args.table)
+    result = make_table(table_item(project, args.protocol, args.paper, args.table))
     write_table(result, args.out, project.config["report"]["error_bars"])
 
 
 def cmd_figure(args) -> None:
-    from .report.figures import make_figure
+    from .report.figures import figure_item, make_figure
 
-    make_figure(_project(args), args.paper, args.figure, args.out)
+    make_figure(figure_item(_project(args), args.protocol, args.paper, args.figure), args.out)
+
+
+def cmd_scorecard(args) -> None:
+    from . import paths
+    from .report import scorecard
+
+    project = _project(args)
+    papers = list(project.papers) if args.paper == "all" else [args.paper]
+    tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"))
+              for protocol, paper, table in project.tables() if paper in papers]
+    title = ("Reproduction scorecard: all papers" if args.paper == "all"
+             else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
+    demo = Path(project.config["paper_dir"]).name == "demo"
+    scorecard.write(scorecard.build(tables), title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), demo)
+
+
+def cmd_embed(args) -> None:
+    from .embed import embed
+
+    embed(json.loads(args.job), args.out)
 
 
 def cmd_validate(args) -> None:
@@ -133,7 +154,7 @@ def cmd_validate(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from .forkserver import ENV_VAR, run_via_server
+    from .forkclient import ENV_VAR, run_via_server
 
     if os.environ.get(ENV_VAR):  # a warm fork-server runs the command (see fedrepro.forkserver)
         code = run_via_server(argv)
@@ -198,10 +219,22 @@ def main(argv: list[str] | None = None) -> None:
     for name, fn, item in (("table", cmd_table, "table"), ("figure", cmd_figure, "figure")):
         p = sub.add_parser(name, help=f"build one paper {name} from run results")
         p.add_argument("--config-json", required=True)
+        p.add_argument("--protocol", required=True, choices=("clean", "paper"))
         p.add_argument("--paper", required=True)
         p.add_argument(f"--{item}", required=True)
         p.add_argument("--out", required=True)
         p.set_defaults(fn=fn)
+
+    p = sub.add_parser("scorecard", help="did each published number reproduce? (Markdown, HTML, CSV, figure)")
+    p.add_argument("--config-json", required=True)
+    p.add_argument("--paper", required=True, help="a paper, or 'all'")
+    p.add_argument("--out", required=True, help="results/scorecards/<paper>.html (the .md, .csv, .png beside it)")
+    p.set_defaults(fn=cmd_scorecard)
+
+    p = sub.add_parser("embed", help="extract what a figure needs from a trained model (features, prototype patches)")
+    p.add_argument("--job", required=True, help="resolved embed job as JSON")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=cmd_embed)
 
     p = sub.add_parser("validate", help="validate the configuration and count what it would build")
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")

@@ -4,11 +4,15 @@ A *project* is the top-level config (``config/config.yaml`` or ``config/demo.yam
 file per paper. Everything is validated before Snakemake schedules any job; an error names the key
 path, the offending value and what is allowed (with a "did you mean" for typos).
 
+The shape of the config files is checked against ``workflow/schemas`` (config and paper files);
+what a method's ``params`` or a model's ``train.model`` may hold comes from the package's registry
+(:mod:`fedrepro.registry`), where each method and model family declares its schema beside its code.
+Defaults come from schemas only.
+
 Resolution turns the nested config into flat, fully explicit *run configs*: one per
-(paper, setting, method variant, seed), with every default filled in. Its canonical-JSON hash is the
-run's identity in the provenance manifest and a Snakemake ``params`` value, so editing any
-hyper-parameter reruns exactly the runs it affects. This module imports neither torch nor
-Snakemake, so building the DAG stays fast.
+(paper, protocol, setting, method variant, seed), with every default filled in. Its canonical-JSON
+hash is the run's identity in the provenance manifest and a Snakemake ``params`` value, so editing
+any hyper-parameter reruns exactly the runs it affects. Paths come from :mod:`fedrepro.paths`.
 """
 
 from __future__ import annotations
@@ -16,14 +20,15 @@ from __future__ import annotations
 import copy
 import difflib
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 
+from . import paths
 from .io import hash_obj
+from .paths import RunKey
 
 SCHEMA_DIR = Path("workflow/schemas")
 
@@ -112,39 +117,25 @@ def check_choice(value: str, allowed, where: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# catalogue of algorithms and model families, read from the schema (no torch import)
+# what a config may name: the registry (fedrepro.registry)
 
-@dataclass(frozen=True)
-class Catalog:
-    methods: dict[str, dict]
-    models: dict[str, dict]
-    defs: dict
+def method_schema(name: str) -> dict:
+    from .registry import METHODS
 
-    def method_schema(self, name: str) -> dict:
-        return {"$defs": self.defs, **self.methods[name]}
-
-    def model_schema(self, family: str) -> dict:
-        return {"$defs": self.defs, **self.models[family]}
-
-    def input_kind(self, family: str) -> str:
-        return self.models[family]["x-input"]
-
-    def implementation(self, kind: str, name: str) -> str:
-        return (self.methods if kind == "method" else self.models)[name]["x-module"]
+    return METHODS.get(name)["schema"]
 
 
-def catalog(root: str | Path = ".") -> Catalog:
-    """Merge every ``workflow/schemas/methods/*.yaml``; a name defined twice is an error."""
-    methods, models, defs = {}, {}, {}
-    folder = Path(root).resolve() / SCHEMA_DIR / "methods"
-    for path in sorted(folder.glob("*.yaml")):
-        part = _schema(str(Path(root).resolve()), f"methods/{path.name}")
-        for target, key in ((methods, "methods"), (models, "models"), (defs, "$defs")):
-            for name, entry in (part.get(key) or {}).items():
-                if name in target and key != "$defs":
-                    raise ConfigError(f"{path}: {key[:-1]} {name!r} is already defined in another schema file")
-                target[name] = entry
-    return Catalog(methods, models, defs)
+def model_schema(family: str) -> dict:
+    from .registry import MODELS
+
+    return MODELS.get(family)["schema"]
+
+
+def input_kind(family: str) -> str:
+    """What a model family trains on: ``features``, ``images`` or ``image_text``."""
+    from .registry import MODELS
+
+    return MODELS.get(family)["input"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,16 +153,7 @@ def deep_merge(base: dict, override: dict | None) -> dict:
     return out
 
 
-@dataclass(frozen=True)
-class RunKey:
-    paper: str
-    setting: str
-    method: str
-    seed: int
-
-    @property
-    def path(self) -> str:
-        return f"{self.paper}/{self.setting}/{self.method}/seed{self.seed}"
+PROTOCOLS = ("clean", "paper")
 
 
 class Project:
@@ -179,12 +161,18 @@ class Project:
 
     def __init__(self, config: dict, root: str | Path = "."):
         self.root = Path(root)
+        if "protocol" in config:
+            raise ConfigError(f"config: 'protocol: {config['protocol']}' is now a list, 'protocols: [{config['protocol']}]' "
+                              f"(results of each protocol live in their own folder: results/runs/<protocol>/...)")
         self.config = validate(copy.deepcopy(config), _schema(str(self.root.resolve()), "config.schema.yaml"), "config")
-        self.catalog = catalog(self.root)
         self.papers: dict[str, dict] = {}
-        self._train_configs: dict[tuple[str, str, str], dict] = {}
+        self._train_configs: dict[tuple[str, str, str, str], dict] = {}
+        self._run_configs: dict[RunKey, dict] = {}
+        paper_dir = self.root / self.config["paper_dir"]
+        available = sorted(path.stem for path in paper_dir.glob("*.yaml"))
         for name in self.config["papers"]:
-            path = self.root / self.config["paper_dir"] / f"{name}.yaml"
+            check_choice(name, available, f"config: papers (files in {self.config['paper_dir']})")
+            path = paper_dir / f"{name}.yaml"
             paper = load_yaml(path)
             if not isinstance(paper, dict):
                 raise ConfigError(f"{path}: expected a mapping at the top level")
@@ -194,33 +182,46 @@ class Project:
             self.papers[name] = paper
             self._check_paper(paper, str(path))
 
+    @property
+    def protocols(self) -> list[str]:
+        """The protocols every table and figure is built for (``protocols`` of the config)."""
+        return self.config["protocols"]
+
+    @property
+    def seeds(self) -> list[int]:
+        return self.config["seeds"]
+
     # ---- checks that need more than the schema ---------------------------------------------
     def _check_paper(self, paper: dict, where: str) -> None:
-        from .data import registry
+        from .registry import DATASETS, FIGURE_KINDS, METHODS, TABLE_KINDS
 
         for name, setting in paper["settings"].items():
-            check_choice(setting["dataset"], registry.names(), f"{where}: settings/{name}/dataset")
+            check_choice(setting["dataset"], DATASETS.names(), f"{where}: settings/{name}/dataset")
         for name, variant in paper["methods"].items():
             algorithm = variant.get("method", name)
-            check_choice(algorithm, self.catalog.methods, f"{where}: methods/{name}/method")
-            validate(variant.setdefault("params", {}), self.catalog.method_schema(algorithm), f"{where}: methods/{name}/params")
+            check_choice(algorithm, METHODS.names(), f"{where}: methods/{name}/method")
+            validate(variant.setdefault("params", {}), method_schema(algorithm), f"{where}: methods/{name}/params")
             for protocol, override in variant.get("protocols", {}).items():
-                validate(deep_merge(variant["params"], override.get("params")), self.catalog.method_schema(algorithm),
+                validate(deep_merge(variant["params"], override.get("params")), method_schema(algorithm),
                          f"{where}: methods/{name}/protocols/{protocol}/params")
         for setting in paper["settings"]:
             for method in paper["methods"]:
-                self.train_config(paper["paper"], setting, method)  # validates the merged train block
+                for protocol in PROTOCOLS:
+                    self.train_config(paper["paper"], setting, method, protocol)  # validates the merged train block
         for name, task in paper.get("downstream", {}).items():
-            check_choice(task["dataset"], registry.names(), f"{where}: downstream/{name}/dataset")
+            check_choice(task["dataset"], DATASETS.names(), f"{where}: downstream/{name}/dataset")
         for table_name, table in paper.get("tables", {}).items():
+            check_choice(table["kind"], TABLE_KINDS.names(), f"{where}: tables/{table_name}/kind")
             for s in table.get("settings", []):
                 check_choice(s, paper["settings"], f"{where}: tables/{table_name}/settings")
-            for key in self.table_cells(paper["paper"], table_name):
-                check_choice(key[0], paper["settings"], f"{where}: tables/{table_name} setting")
-                check_choice(key[1], paper["methods"], f"{where}: tables/{table_name} method")
-            for _, _, task in self.table_tasks(paper["paper"], table_name):
-                check_choice(task, paper.get("downstream", {}), f"{where}: tables/{table_name} task")
+            for protocol in PROTOCOLS:
+                for cell in self.resolved_cells(paper["paper"], table_name, protocol):
+                    check_choice(cell["setting"], paper["settings"], f"{where}: tables/{table_name} setting")
+                    check_choice(cell["method"], paper["methods"], f"{where}: tables/{table_name} method")
+                    if cell["task"]:
+                        check_choice(cell["task"], paper.get("downstream", {}), f"{where}: tables/{table_name} task")
         for fig_name, fig in paper.get("figures", {}).items():
+            check_choice(fig["kind"], FIGURE_KINDS.names(), f"{where}: figures/{fig_name}/kind")
             for s in fig.get("settings", []):
                 check_choice(s, paper["settings"], f"{where}: figures/{fig_name}/settings")
             for m in fig.get("methods", []):
@@ -228,57 +229,51 @@ class Project:
             for t in fig.get("tables", []):
                 check_choice(t, paper.get("tables", {}), f"{where}: figures/{fig_name}/tables")
 
+    def run_key(self, paper: str, setting: str, method: str, seed: int, protocol: str | None = None) -> RunKey:
+        """The run of (paper, setting, method, seed) under ``protocol`` (default: the first configured),
+        or under the protocol its setting pins."""
+        return RunKey(paper, self.protocol(paper, setting, protocol or self.protocols[0]), setting, method, seed)
+
+    # ---- protocols ---------------------------------------------------------------------------
+    def protocol(self, paper: str, setting: str, protocol: str) -> str:
+        """The protocol a run of ``setting`` uses when a table or figure is built for ``protocol``: the
+        setting's own ``protocol`` if it pins one (e.g. a reproduction of the authors' index bug), else
+        ``protocol``."""
+        return self.papers[paper]["settings"][setting].get("protocol", protocol)
+
+    def protocol_override(self, paper: str, method: str, protocol: str) -> dict:
+        """What a method variant changes under ``protocol`` (``protocols: {paper: {params, train}}``): e.g.
+        the authors' code's behaviour that moves published numbers, on under ``paper`` only."""
+        return self.papers[paper]["methods"][method].get("protocols", {}).get(protocol, {})
+
+    def method_params(self, paper: str, method: str, protocol: str) -> dict:
+        """The variant's ``params`` with its override for ``protocol`` merged in."""
+        variant = self.papers[paper]["methods"][method]
+        return deep_merge(variant.get("params", {}), self.protocol_override(paper, method, protocol).get("params"))
+
     # ---- runs --------------------------------------------------------------------------
-    def train_config(self, paper: str, setting: str, method: str) -> dict:
-        """The merged, validated train block of (paper, setting, method); resolved once, copied out
-        (every seed's run asks for it, and schema validation is the slow part of planning a grid)."""
-        key = (paper, setting, method)
+    def train_config(self, paper: str, setting: str, method: str, protocol: str) -> dict:
+        """The merged, validated train block of (paper, setting, method) under ``protocol``; resolved
+        once, copied out (every seed's run asks for it, and validation is the slow part of planning)."""
+        key = (paper, setting, method, protocol)
         if key not in self._train_configs:
-            self._train_configs[key] = self._resolve_train_config(paper, setting, method)
+            self._train_configs[key] = self._resolve_train_config(*key)
         return copy.deepcopy(self._train_configs[key])
 
-    def _resolve_train_config(self, paper: str, setting: str, method: str) -> dict:
+    def _resolve_train_config(self, paper: str, setting: str, method: str, protocol: str) -> dict:
         p = self.papers[paper]
-        variant = p["methods"][method]
-        train = deep_merge(deep_merge(p["defaults"], p["settings"][setting].get("train")), variant.get("train"))
-        train = deep_merge(train, self.protocol_override(paper, setting, method).get("train"))
+        train = deep_merge(deep_merge(p["defaults"], p["settings"][setting].get("train")), p["methods"][method].get("train"))
+        train = deep_merge(train, self.protocol_override(paper, method, protocol).get("train"))
         where = f"{paper}: settings/{setting} x methods/{method}: train"
         missing = [k for k in ("rounds", "batch_size", "model", "optimizer") if k not in train]
         if missing:
             raise ConfigError(f"{where}: missing {missing} (set them in defaults, the setting or the method)")
-        family = train["model"].get("family")
-        check_choice(family, self.catalog.models, f"{where}/model/family")
-        validate(train["model"], self.catalog.model_schema(family), f"{where}/model")
-        train.setdefault("local", {}).setdefault("drop_last", False)
-        if "epochs" not in train["local"] and "steps" not in train["local"]:
-            train["local"]["epochs"] = 1
-        train.setdefault("aggregation", {}).setdefault("weights", "train_size")
-        train.setdefault("eval_every", 1)
-        train.setdefault("eval_batch_size", max(train["batch_size"], 256))
-        train.setdefault("num_workers", "auto")
-        sel = train.setdefault("selection", {})
-        sel.setdefault("rule", "auto")
-        sel.setdefault("metric", "acc")
-        sel.setdefault("k", 5)
-        opt = train["optimizer"]
-        opt.setdefault("name", "adam")
-        opt.setdefault("weight_decay", 0.0)
-        opt.setdefault("persist", False)
-        return train
+        from .registry import MODELS
 
-    def protocol(self, paper: str, setting: str) -> str:
-        return self.papers[paper]["settings"][setting].get("protocol", self.config["protocol"])
-
-    def protocol_override(self, paper: str, setting: str, method: str) -> dict:
-        """What a method variant changes under the protocol of ``setting`` (``protocols: {paper: {params,
-        train}}``): e.g. the authors' code's behaviour that moves published numbers, on under ``paper`` only."""
-        variant = self.papers[paper]["methods"][method]
-        return variant.get("protocols", {}).get(self.protocol(paper, setting), {})
-
-    def method_params(self, paper: str, setting: str, method: str) -> dict:
-        """The variant's ``params`` with its override for the setting's protocol merged in."""
-        variant = self.papers[paper]["methods"][method]
-        return deep_merge(variant.get("params", {}), self.protocol_override(paper, setting, method).get("params"))
+        check_choice(train["model"].get("family"), MODELS.names(), f"{where}/model/family")
+        validate(train["model"], model_schema(train["model"]["family"]), f"{where}/model")
+        schema = _schema(str(self.root.resolve()), "paper.schema.yaml")
+        return validate(train, {"$defs": schema["$defs"], **schema["$defs"]["resolved_train"]}, where)
 
     def split_seed(self, paper: str, setting: str, seed: int) -> int:
         value = self.papers[paper]["settings"][setting]["split"].get("seed", 0)
@@ -292,17 +287,19 @@ class Project:
         clients = f"-c{spec['clients']}" if "clients" in spec else ""
         return f"{s['dataset']}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([s['dataset'], spec], 6)}"
 
+    def count_settings(self, paper: str, kind: str, name: str) -> list[str]:
+        """Settings whose split count files a table (``kind="tables"``) or figure reads directly."""
+        return list(self.papers[paper][kind][name].get("settings", []))
+
     def splits(self) -> dict[str, dict]:
-        """Every split some run needs, plus those that split-count tables and figures read directly
-        (their settings at the first seed), even where no run uses them."""
+        """Every split some run needs, plus those that tables and figures read directly (their
+        settings at the first seed), even where no run uses them."""
         needed = [(key.paper, key.setting, key.seed) for key in self.runs()]
-        seed = self.config["seeds"][0]
-        for paper_name, table in self.tables():
-            spec = self.papers[paper_name]["tables"][table]
-            if spec.get("kind", "runs") == "split_counts":
-                needed += [(paper_name, s, seed) for s in spec.get("settings", [])]
-        for paper_name, figure in self.figures():
-            needed += [(paper_name, s, seed) for s in self.papers[paper_name]["figures"][figure].get("settings", [])]
+        seed = self.seeds[0]
+        for paper_name, paper in self.papers.items():
+            for kind in ("tables", "figures"):
+                for name in paper.get(kind, {}):
+                    needed += [(paper_name, s, seed) for s in self.count_settings(paper_name, kind, name)]
         out = {}
         for paper_name, setting, run_seed in needed:
             s = self.papers[paper_name]["settings"][setting]
@@ -314,7 +311,7 @@ class Project:
         return out
 
     def features_key(self, model: dict) -> str | None:
-        if self.catalog.input_kind(model["family"]) != "features":
+        if input_kind(model["family"]) != "features":
             return None
         enc = model.get("encoder", {})
         size = f"-{enc['image_size']}px" if enc.get("image_size") else ""
@@ -334,12 +331,12 @@ class Project:
     def image_cache_paths(self, dataset: str, model: dict) -> dict[str, str] | None:
         """{"train": file, "eval": file} of the decode-once image caches an image run reads (None for
         runs on cached features, or with ``data.image_cache: false``)."""
-        if self.catalog.input_kind(model["family"]) == "features" or not self.config["data"]["image_cache"]:
+        if input_kind(model["family"]) == "features" or not self.config["data"]["image_cache"]:
             return None
         from .models.decoding import decode_specs
 
         specs = decode_specs(model, draft=self.config["data"]["jpeg_draft"])
-        return {part: f"resources/images/{dataset}/{spec.key}.u8" for part, spec in specs.items()}
+        return {part: paths.image_cache(dataset, spec.key) for part, spec in specs.items()}
 
     def image_caches(self) -> dict[str, dict]:
         """Cache file -> {"dataset", "spec"} for every decode-once image cache some run needs."""
@@ -351,37 +348,38 @@ class Project:
         return out
 
     def run_config(self, key: RunKey) -> dict:
-        """The complete, explicit configuration of one training job."""
+        """The complete, explicit configuration of one training job (resolved once, copied out)."""
+        if key not in self._run_configs:
+            self._run_configs[key] = self._resolve_run_config(key)
+        return copy.deepcopy(self._run_configs[key])
+
+    def _resolve_run_config(self, key: RunKey) -> dict:
         paper = self.papers[key.paper]
         setting = paper["settings"][key.setting]
         variant = paper["methods"][key.method]
-        train = self.train_config(key.paper, key.setting, key.method)
-        protocol = self.protocol(key.paper, key.setting)
+        train = self.train_config(key.paper, key.setting, key.method, key.protocol)
         features_key = self.features_key(train["model"])
         split_id = self.split_id(key.paper, key.setting, key.seed)
-        raw = self.config["data"]["raw_dir"]
         run = {
             "paper": key.paper,
             "setting": key.setting,
             "method": key.method,
             "seed": key.seed,
-            "protocol": protocol,
+            "protocol": key.protocol,
             "dataset": setting["dataset"],
-            "algorithm": {"name": variant.get("method", key.method), "params": self.method_params(key.paper, key.setting, key.method)},
+            "algorithm": {"name": variant.get("method", key.method), "params": self.method_params(key.paper, key.method, key.protocol)},
             "train": train,
-            "input": self.catalog.input_kind(train["model"]["family"]),
-            "impl": {
-                "method": self.catalog.implementation("method", variant.get("method", key.method)),
-                "model": self.catalog.implementation("model", train["model"]["family"]),
-            },
+            "input": input_kind(train["model"]["family"]),
             "split_id": split_id,
             "features": {"key": features_key, "encoder": train["model"].get("encoder", {})} if features_key else None,
             "paths": {
-                "raw_dir": raw,
-                "manifest": f"resources/manifests/{setting['dataset']}.csv",
-                "split": f"resources/splits/{split_id}.json",
-                "features": f"resources/features/{setting['dataset']}/{features_key}.pt" if features_key else None,
+                "raw_dir": self.config["data"]["raw_dir"],
+                "manifest": paths.manifest(setting["dataset"]),
+                "split": paths.split(split_id),
+                "features": paths.features(setting["dataset"], features_key) if features_key else None,
                 "images": self.image_cache_paths(setting["dataset"], train["model"]),
+                "out": paths.run_dir(key),
+                "checkpoints": paths.checkpoint_dir(key),
             },
             "device": self.config["device"],
             "deterministic": self.config["deterministic"],
@@ -403,9 +401,9 @@ class Project:
             "run": run,
             "paths": {
                 "raw_dir": self.config["data"]["raw_dir"],
-                "manifest": f"resources/manifests/{spec['dataset']}.csv",
-                "checkpoint": f"results/checkpoints/{key.path}/model.pt",
-                "metrics": f"results/runs/{key.path}/metrics.json",
+                "manifest": paths.manifest(spec["dataset"]),
+                "checkpoint": paths.model_file(key),
+                "metrics": paths.run_file(key),
             },
             "device": self.config["device"],
             "deterministic": self.config["deterministic"],
@@ -414,72 +412,78 @@ class Project:
         job["config_hash"] = hash_obj(job)
         return job
 
+    def embed_job(self, key: RunKey, figure: str) -> dict:
+        """What the ``embed`` rule extracts from run ``key``'s trained model for ``figure`` (fedrepro.embed)."""
+        spec = self.papers[key.paper]["figures"][figure]
+        return {"run": self.run_config(key), "figure": {"name": figure, **spec}, "checkpoint": paths.model_file(key)}
+
     def downstream_jobs(self) -> dict[str, tuple[RunKey, str]]:
         """``<run path>/<task>`` -> (run, task) for every downstream result some table needs."""
         jobs = {}
-        for paper_name, table in self.tables():
-            for key, task in self.table_downstream(paper_name, table):
+        for protocol, paper_name, table in self.tables():
+            for key, task in self.table_downstream(paper_name, table, protocol):
                 jobs[f"{key.path}/{task}"] = (key, task)
         return jobs
 
     def runs(self) -> list[RunKey]:
-        """Every run some table or figure needs, once per seed, in a stable order."""
-        needed: dict[tuple[str, str, str], None] = {}
-        for paper_name, paper in self.papers.items():
-            for table_name in paper.get("tables", {}):
-                for setting, method in self.table_cells(paper_name, table_name):
-                    needed[(paper_name, setting, method)] = None
-            for fig in paper.get("figures", {}).values():
-                for setting in fig.get("settings", []):
-                    for method in fig.get("methods", []):
-                        needed[(paper_name, setting, method)] = None
-        return [RunKey(p, s, m, seed) for (p, s, m) in needed for seed in self.config["seeds"]]
+        """Every run some table or figure needs, under every configured protocol, once per seed."""
+        needed: dict[RunKey, None] = {}
+        for protocol, paper_name, table in self.tables():
+            needed.update(dict.fromkeys(self.table_runs(paper_name, table, protocol)))
+        for protocol, paper_name, figure in self.figures():
+            needed.update(dict.fromkeys(self.figure_runs(paper_name, figure, protocol)))
+        return list(needed)
 
     # ---- tables and figures -------------------------------------------------------------
-    def resolved_cells(self, paper: str, table: str) -> list[dict]:
-        """Every run cell of a table, resolved (derived 'mean_of' and blank cells excluded)."""
+    def resolved_cells(self, paper: str, table: str, protocol: str) -> list[dict]:
+        """Every run cell of a table built for ``protocol``, resolved (derived 'mean_of' and blank cells
+        excluded); a cell's own ``protocol`` (row, column or table) or its setting's wins."""
         spec = self.papers[paper]["tables"][table]
-        if spec.get("kind", "runs") != "runs":
+        if spec["kind"] != "runs":
             return []
         cells = (resolve_cell(spec, row, col) for row in spec.get("rows", []) for col in spec.get("columns", []))
-        return [cell for cell in cells if cell is not None]
+        out = []
+        for cell in cells:
+            if cell is not None:
+                cell["protocol"] = self.protocol(paper, cell["setting"], cell["protocol"] or protocol)
+                out.append(cell)
+        return out
 
-    def table_cells(self, paper: str, table: str) -> list[tuple[str, str]]:
-        """(setting, method) of every run cell of a table (derived 'mean_of' columns excluded)."""
-        return list(dict.fromkeys((c["setting"], c["method"]) for c in self.resolved_cells(paper, table)))
+    def table_runs(self, paper: str, table: str, protocol: str) -> list[RunKey]:
+        cells = dict.fromkeys((c["protocol"], c["setting"], c["method"]) for c in self.resolved_cells(paper, table, protocol))
+        return [RunKey(paper, p, s, m, seed) for p, s, m in cells for seed in self.seeds]
 
-    def table_tasks(self, paper: str, table: str) -> list[tuple[str, str, str]]:
-        """(setting, method, task) of every cell of a table that reads a downstream result."""
-        return list(dict.fromkeys((c["setting"], c["method"], c["task"]) for c in self.resolved_cells(paper, table) if c["task"]))
+    def table_downstream(self, paper: str, table: str, protocol: str) -> list[tuple[RunKey, str]]:
+        cells = dict.fromkeys((c["protocol"], c["setting"], c["method"], c["task"])
+                              for c in self.resolved_cells(paper, table, protocol) if c["task"])
+        return [(RunKey(paper, p, s, m, seed), t) for p, s, m, t in cells for seed in self.seeds]
 
-    def table_downstream(self, paper: str, table: str) -> list[tuple[RunKey, str]]:
-        return [(RunKey(paper, s, m, seed), t) for s, m, t in self.table_tasks(paper, table) for seed in self.config["seeds"]]
-
-    def table_runs(self, paper: str, table: str) -> list[RunKey]:
-        return [RunKey(paper, s, m, seed) for s, m in self.table_cells(paper, table) for seed in self.config["seeds"]]
-
-    def figure_runs(self, paper: str, figure: str) -> list[RunKey]:
+    def figure_runs(self, paper: str, figure: str, protocol: str) -> list[RunKey]:
         fig = self.papers[paper]["figures"][figure]
-        return [RunKey(paper, s, m, seed) for s in fig.get("settings", []) for m in fig.get("methods", [])
-                for seed in self.config["seeds"]]
+        return [RunKey(paper, self.protocol(paper, s, protocol), s, m, seed)
+                for s in fig.get("settings", []) for m in fig.get("methods", []) for seed in self.seeds]
 
-    def tables(self) -> Iterator[tuple[str, str]]:
-        for paper_name, paper in self.papers.items():
-            for table in paper.get("tables", {}):
-                yield paper_name, table
+    def tables(self) -> Iterator[tuple[str, str, str]]:
+        """(protocol, paper, table) of every table to build."""
+        for protocol in self.protocols:
+            for paper_name, paper in self.papers.items():
+                for table in paper.get("tables", {}):
+                    yield protocol, paper_name, table
 
-    def figures(self) -> Iterator[tuple[str, str]]:
-        for paper_name, paper in self.papers.items():
-            for figure in paper.get("figures", {}):
-                yield paper_name, figure
+    def figures(self) -> Iterator[tuple[str, str, str]]:
+        """(protocol, paper, figure) of every figure to build."""
+        for protocol in self.protocols:
+            for paper_name, paper in self.papers.items():
+                for figure in paper.get("figures", {}):
+                    yield protocol, paper_name, figure
 
     def datasets(self) -> list[str]:
-        from .data import registry
+        from .registry import DATASETS
 
         names = {split["dataset"] for split in self.splits().values()}
         names.update(self.papers[key.paper]["downstream"][task]["dataset"] for key, task in self.downstream_jobs().values())
         for name in list(names):
-            names.update(registry.get(name).depends_on)
+            names.update(DATASETS.get(name).obj.depends_on)
         return sorted(names)
 
 
@@ -501,6 +505,8 @@ def resolve_cell(table: dict, row: dict, col: dict) -> dict | None:
         "scale": col.get("scale", table.get("scale", 100)),
         # a downstream task's result file instead of the run's metrics.json (None: metrics.json)
         "task": col.get("task") or row.get("task") or table.get("task"),
+        # a protocol the cell pins (protocol-comparison tables); None = the table's
+        "protocol": col.get("protocol") or row.get("protocol") or table.get("protocol"),
     }
 
 

@@ -14,16 +14,7 @@ from pathlib import Path
 import torch
 
 from .io import sha256_file, torch_save
-
-
-def prompt_texts(template: str, class_names: list[str]) -> list[str]:
-    return [template.format(name) for name in class_names]
-
-
-@torch.no_grad()
-def encode_prompts(model, tokenizer, template: str, class_names: list[str], device) -> torch.Tensor:
-    """Frozen text features of every class prompt (C x D, float32, on the CPU)."""
-    return model.encode_text(tokenizer(prompt_texts(template, class_names)).to(device)).float().cpu()
+from .models.encoders import encode_prompts
 
 
 @torch.no_grad()
@@ -39,7 +30,7 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
 
     from .data.decode import spec_of
     from .data.images import ManifestImages
-    from .fl.local import batches
+    from .data.loader import batches
     from .models.encoders import encoder_transform, load_open_clip
 
     model, clip_preprocess, tokenizer = load_open_clip(encoder["name"], encoder["pretrained"], device=str(device))

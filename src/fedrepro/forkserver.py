@@ -4,7 +4,7 @@ Why: every pipeline job is a fresh Python process, and here (CPU, 2 cores) a pro
 import torch, pandas and the package and ~3 s more on its first optimizer step (torch imports its
 compiler stack lazily there). The demo and CI run over a hundred jobs of a second or two of real
 work each, so start-up would dominate. With ``FEDREPRO_FORKSERVER=<socket path>`` in the environment,
-``fedrepro <command>`` (the thin client in :mod:`fedrepro.cli`) hands its argv, working directory,
+``fedrepro <command>`` (the thin client in :mod:`fedrepro.forkclient`) hands its argv, working directory,
 environment and stdin/stdout/stderr file descriptors to this server, which forks a child that runs
 the command exactly as the CLI would and reports its exit status back. Without the variable (on a
 cluster, for users) nothing changes; if the server cannot be reached the client runs the command
@@ -20,61 +20,11 @@ import json
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
-import time
 from pathlib import Path
 
-ENV_VAR = "FEDREPRO_FORKSERVER"
-SERVED_COMMANDS = {"download", "prepare", "split", "features", "train", "table", "figure", "downstream"}
-_HEADER = struct.Struct("!I")
-_STATUS = struct.Struct("!i")
-_KILLED_BY_CLIENT_LOSS = 137
-
-
-def _send_blob(conn: socket.socket, payload: bytes, fds: list[int] | None = None) -> None:
-    data = _HEADER.pack(len(payload)) + payload
-    if fds:
-        socket.send_fds(conn, [data], fds)
-    else:
-        conn.sendall(data)
-
-
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    chunks = b""
-    while len(chunks) < n:
-        chunk = conn.recv(n - len(chunks))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        chunks += chunk
-    return chunks
-
-
-# --------------------------------------------------------------------------------------------
-# client
-
-def run_via_server(argv: list[str]) -> int | None:
-    """Run ``fedrepro <argv>`` in a child of the fork-server; None if no server is usable."""
-    path = os.environ.get(ENV_VAR)
-    if not path or not argv or argv[0] not in SERVED_COMMANDS or not Path(path).exists():
-        return None
-    try:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(path)
-        request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-        _send_blob(conn, request, [0, 1, 2])
-    except OSError:
-        return None  # no server after all: the caller runs the command itself
-    # from here on the command runs in the server's child; our own exit status mirrors the child's
-    try:
-        return _STATUS.unpack(_recv_exact(conn, _STATUS.size))[0]
-    except (ConnectionError, OSError):
-        print("fedrepro: the fork-server went away while running the command", file=sys.stderr)
-        return 1
-    finally:
-        conn.close()
-
+from .forkclient import _HEADER, _KILLED_BY_CLIENT_LOSS, _STATUS, ENV_VAR, _recv_exact
 
 # --------------------------------------------------------------------------------------------
 # server
@@ -92,8 +42,10 @@ def preload() -> None:
     import torch._dynamo  # noqa: F401  (what the first optimizer step would import)
     import torch.optim  # noqa: F401
 
-    from . import cli, features, train  # noqa: F401
-    from .report import figures, tables  # noqa: F401
+    from . import cli, embed, features, registry, train  # noqa: F401
+
+    for catalogue in (registry.METHODS, registry.MODELS, registry.DATASETS, registry.SPLITTERS, registry.TABLE_KINDS):
+        catalogue.names()   # imports every method, model, dataset and report module once, here
 
     for optional in ("torchvision", "timm", "open_clip", "transformers", "sklearn.manifold"):
         try:
@@ -181,15 +133,6 @@ def serve(path: str | Path) -> None:
             threading.Thread(target=_serve_one, args=(conn, listener), daemon=True).start()
     finally:
         path.unlink(missing_ok=True)
-
-
-def wait_ready(path: str | Path, timeout: float = 120.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if Path(path).exists():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 if __name__ == "__main__":

@@ -20,24 +20,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import registry
 from .data.decode import spec_of
 from .data.image_cache import ImageCache
+from .data.loader import loader_pool, resolve_workers
 from .data.manifest import read_manifest
 from .data.partition import Split
+from .device import resolve_device
 from .fl.comm import CommLedger
-from .fl.engine import resolve_rule, run_rounds, select, validation_key
-from .fl.federation import build_feature_federation, build_image_federation, federation_datasets
-from .fl.loader import loader_pool, resolve_workers
-from .fl.local import resolve_device
+from .fl.engine import run_rounds
+from .fl.federation import (
+    build_feature_federation,
+    build_image_federation,
+    federation_datasets,
+)
 from .fl.method import MethodContext
+from .fl.selection import SELECTION_RULES, resolve_rule, select, validation_key
 from .io import atomic_path, read_json, sha256_file, torch_save, write_csv, write_json
-from .methods import load_class
 from .models.families import build_family
 from .provenance import run_manifest
+from .registry import dataset, method_class
 from .seeding import configure_determinism
-
-SELECTION_RULES = ("last", "best_val", "best_test", "best_test_round", "last_k_mean")
 
 
 class InputMismatch(RuntimeError):
@@ -46,7 +48,7 @@ class InputMismatch(RuntimeError):
 
 def load_federation(run: dict):
     paths = run["paths"]
-    spec = registry.get(run["dataset"])
+    spec = dataset(run["dataset"])
     split_file = read_json(paths["split"])
     manifest_sha = sha256_file(paths["manifest"])
     if split_file["manifest_sha256"] != manifest_sha:
@@ -60,7 +62,7 @@ def load_federation(run: dict):
         hashes["features_sha256"] = sha256_file(paths["features"])
         hashes["encoder_weights"] = cache.get("weights")
         return build_feature_federation(split, run["protocol"], cache, list(spec.classes)), hashes
-    family = build_family(run["impl"]["model"], run["train"]["model"], list(spec.classes), {})
+    family = build_family(run["train"]["model"], list(spec.classes), {})
     manifest = read_manifest(paths["manifest"])
     missing = [c for c in family.extra_columns if c not in manifest.columns]
     if missing:
@@ -135,7 +137,7 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     run = {**run, "train": {**run["train"], "num_workers": workers}}
     fed, hashes = load_federation(run)
     ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log)
-    method = load_class(run["impl"]["method"])(ctx)
+    method = method_class(run["algorithm"]["name"])(ctx)
     resume = checkpoint_dir / "resume.pt"
     with loader_pool(federation_datasets(fed), workers if run["input"] != "features" else 0,
                      pin_memory=device.type == "cuda"):

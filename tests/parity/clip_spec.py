@@ -168,7 +168,16 @@ def check_full_clip(tmp_path, paper: str, method: str, step_loss, *, protocol: s
     (Centralized's pooled site); ``loop`` passes ``anchor``, ``previous`` and ``gate``."""
     from types import SimpleNamespace
 
-    from .harness import assert_close, assert_probs, drive, eval_sets, image_federation, initial_server, paper_run, stacked
+    from .harness import (
+        assert_close,
+        assert_probs,
+        drive,
+        eval_sets,
+        image_federation,
+        initial_server,
+        paper_run,
+        stacked,
+    )
 
     run = paper_run(paper, method, protocol=protocol, train={"rounds": rounds, "local": {"steps": steps}, "batch_size": 4})
     fed = image_federation(size=64, classes=4, sizes=(6, 8, 10), class_names=CLASSES)
@@ -198,8 +207,16 @@ def check_on_features(tmp_path, paper: str, method: str, step_loss, mask, *, pro
     (default: all) and the probabilities of every eval set - by default softmax(100 cos(mask(server, x),
     T_c)) with ``mask(model, x)`` the masked features; ``scored(server, models, key, x, text)`` overrides
     it -> (driven, spec server, spec client models)."""
-    from .harness import (assert_close, assert_probs, drive, eval_sets, feature_federation, initial_server,
-                          paper_run, target_batches)
+    from .harness import (
+        assert_close,
+        assert_probs,
+        drive,
+        eval_sets,
+        feature_federation,
+        initial_server,
+        paper_run,
+        target_batches,
+    )
 
     run = paper_run(paper, method, protocol=protocol, train={"rounds": rounds, "local": {"steps": steps}, "batch_size": 4})
     fed = feature_federation(dim=16, classes=3, sizes=FEATURE_SIZES)

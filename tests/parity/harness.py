@@ -27,14 +27,15 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from fedrepro.config import RunKey, deep_merge, load_project
+from fedrepro.config import deep_merge, input_kind, load_project
+from fedrepro.data.loader import FeatureSet
 from fedrepro.fl.comm import CommLedger
 from fedrepro.fl.engine import RunResult, run_rounds
-from fedrepro.fl.federation import ClientData, FeatureSet, Federation
+from fedrepro.fl.federation import ClientData, Federation
 from fedrepro.fl.local import local_batches
 from fedrepro.fl.method import FederatedMethod, MethodContext
 from fedrepro.io import hash_obj
-from fedrepro.methods import load_class
+from fedrepro.registry import method_class
 from fedrepro.seeding import seed_global
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,10 +45,9 @@ TINY_CLIP = {"name": "fedrepro-tiny-clip", "pretrained": "none"}
 
 
 @lru_cache(maxsize=None)
-def project(protocol: str | None = None):
-    """Every paper of the full grid, validated as ``snakemake`` would (config/config.yaml); with
-    ``protocol`` the top-level protocol is that one (as ``--config protocol=paper``)."""
-    return load_project([ROOT / "config/config.yaml"], overrides={"protocol": protocol} if protocol else None, root=ROOT)
+def project():
+    """Every paper of the full grid, validated as ``snakemake`` would (config/config.yaml)."""
+    return load_project([ROOT / "config/config.yaml"], root=ROOT)
 
 
 def tiny_model(model: dict) -> dict:
@@ -70,28 +70,25 @@ def paper_run(paper: str, method: str, setting: str | None = None, *, seed: int 
     ``params`` are never touched: they are what the parity test checks. ``protocol`` resolves the run
     under that protocol (a variant's ``protocols`` overrides included) unless the setting fixes its own.
     """
-    proj = project(protocol)
+    proj = project()
     setting = setting or _first_setting(paper, method)
-    run = copy.deepcopy(proj.run_config(RunKey(paper, setting, method, seed)))
-    if protocol is not None:
-        run["protocol"] = protocol
+    run = copy.deepcopy(proj.run_config(proj.run_key(paper, setting, method, seed, protocol)))
     run["train"] = deep_merge(run["train"], train)
     run["train"]["num_workers"] = 0     # loader processes change no result (tests/test_image_cache.py); a job resolves them
     run["train"]["model"] = model if model is not None else tiny_model(run["train"]["model"])
-    run["impl"]["model"] = proj.catalog.implementation("model", run["train"]["model"]["family"])
-    run["input"] = proj.catalog.input_kind(run["train"]["model"]["family"])
+    run["input"] = input_kind(run["train"]["model"]["family"])
     run["config_hash"] = hash_obj(run)
     return run
 
 
 def _first_setting(paper: str, method: str) -> str:
     proj = project()
-    for table in proj.papers[paper].get("tables", {}):
-        for setting, m in proj.table_cells(paper, table):
-            if m == method:
-                return setting
+    for _, name, table in proj.tables():
+        for key in proj.table_runs(name, table, "clean") if name == paper else []:
+            if key.method == method:
+                return key.setting
     for figure in proj.papers[paper].get("figures", {}):
-        for key in proj.figure_runs(paper, figure):
+        for key in proj.figure_runs(paper, figure, "clean"):
             if key.method == method:
                 return key.setting
     raise KeyError(f"{paper}: no table or figure runs method {method!r}")
@@ -113,14 +110,14 @@ def context(run: dict, fed: Federation) -> MethodContext:
 
 def drive(run: dict, fed: Federation, workdir: Path) -> Driven:
     """Run ``run["train"]["rounds"]`` rounds exactly as a training job does (minus file I/O)."""
-    method = load_class(run["impl"]["method"])(context(run, fed))
+    method = method_class(run["algorithm"]["name"])(context(run, fed))
     result = run_rounds(method, fed, run, Path(workdir) / "resume.pt")
     return Driven(method, result)
 
 
 def initial_server(run: dict, fed: Federation) -> torch.nn.Module:
     """A copy of the server model a run starts from (built under the run's "init" seed, as the engine does)."""
-    method = load_class(run["impl"]["method"])(context(run, fed))
+    method = method_class(run["algorithm"]["name"])(context(run, fed))
     method.setup()
     return copy.deepcopy(method.server)
 
@@ -251,7 +248,7 @@ def configured_model(paper: str, method: str, setting: str | None = None, **chan
     ``changes`` (e.g. ``backbone="test_resnet", image_size=32``): the family and its options stay."""
     proj = project()
     setting = setting or _first_setting(paper, method)
-    model = copy.deepcopy(proj.run_config(RunKey(paper, setting, method, 0))["train"]["model"])
+    model = copy.deepcopy(proj.run_config(proj.run_key(paper, setting, method, 0))["train"]["model"])
     model = tiny_model(model)
     if "pretrained" in model:
         model["pretrained"] = False
@@ -261,7 +258,7 @@ def configured_model(paper: str, method: str, setting: str | None = None, **chan
 def family_of(run: dict, fed: Federation):
     from fedrepro.models.families import build_family
 
-    return build_family(run["impl"]["model"], run["train"]["model"], fed.class_names, fed.extras)
+    return build_family(run["train"]["model"], fed.class_names, fed.extras)
 
 
 def built_model(run: dict, fed: Federation, *keys) -> torch.nn.Module:
@@ -326,7 +323,7 @@ def without_class(dataset: TensorImages, label: int) -> TensorImages:
 def initial_method(run: dict, fed: Federation) -> FederatedMethod:
     """The method as a run sets it up before round 0 (for server-side state a run starts from, e.g.
     CReFF's initial federated features): read its initial state, never drive it."""
-    method = load_class(run["impl"]["method"])(context(run, fed))
+    method = method_class(run["algorithm"]["name"])(context(run, fed))
     method.setup()
     return method
 

@@ -37,8 +37,21 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from .harness import (assert_close, built_model, client_batches, configured_model, drive, floating, image_federation,
-                      initial_server, mean_state, paper_run, probabilities, seed_client, sgd_steps)
+from .harness import (
+    assert_close,
+    built_model,
+    client_batches,
+    configured_model,
+    drive,
+    floating,
+    image_federation,
+    initial_server,
+    mean_state,
+    paper_run,
+    probabilities,
+    seed_client,
+    sgd_steps,
+)
 
 ADAPTERS, HEAD = "adapters.", "head."
 ADAM = {"name": "adam", "lr": 1.0e-4, "weight_decay": 5.0e-4}

@@ -13,8 +13,16 @@ from __future__ import annotations
 
 import copy
 
-from .harness import (assert_close, client_batches, floating, mean_state, probabilities, seed_client, sgd_steps,
-                      train_sizes)
+from .harness import (
+    assert_close,
+    client_batches,
+    floating,
+    mean_state,
+    probabilities,
+    seed_client,
+    sgd_steps,
+    train_sizes,
+)
 
 
 def local_models(run, fed, server, loss, rnd: int, opt: dict, start=None):

@@ -13,7 +13,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .harness import (configured_model, drive, image_federation, initial_server, paper_run, without_class)
+from .harness import (
+    configured_model,
+    drive,
+    image_federation,
+    initial_server,
+    paper_run,
+    without_class,
+)
 
 ADAM = {"name": "adam", "lr": 3.0e-4, "betas": (0.9, 0.999), "weight_decay": 5.0e-4}
 SIZE, CLASSES = 48, 4

@@ -22,8 +22,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .harness import (assert_close, built_model, client_batches, configured_model, drive, floating, image_federation,
-                      paper_run, probabilities, seed_client, sgd_steps)
+from .harness import (
+    assert_close,
+    built_model,
+    client_batches,
+    configured_model,
+    drive,
+    floating,
+    image_federation,
+    paper_run,
+    probabilities,
+    seed_client,
+    sgd_steps,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

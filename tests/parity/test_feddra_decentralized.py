@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 from .harness import assert_close
-from .vlp_harness import drive_tiny, float64, float_state, mean_states, recorded, vlp_run  # noqa: F401
+from .vlp_harness import (  # noqa: F401
+    drive_tiny,
+    float64,
+    float_state,
+    mean_states,
+    recorded,
+    vlp_run,
+)
 from .vlp_spec import Objective, check_retrieval, loaded, train_client
 
 pytestmark = pytest.mark.usefixtures("one_thread", "float64")

@@ -15,7 +15,13 @@ import pytest
 
 from .harness import assert_close
 from .vlp_harness import drive_tiny, float64, float_state, mean_states, vlp_run  # noqa: F401
-from .vlp_spec import Objective, check_code_defaults, check_retrieval, loaded, train_client
+from .vlp_spec import (
+    Objective,
+    check_code_defaults,
+    check_retrieval,
+    loaded,
+    train_client,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread", "float64")
 

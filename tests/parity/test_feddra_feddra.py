@@ -37,12 +37,19 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset
 
-from fedrepro.fl.local import batches
+from fedrepro.data.loader import batches
 from fedrepro.seeding import numpy_rng
 
 from .harness import assert_close, client_batches
-from .vlp_harness import (build_under, caption_federation, drive_tiny, float64, float_state, mean_states,  # noqa: F401
-                          vlp_run)
+from .vlp_harness import (  # noqa: F401
+    build_under,
+    caption_federation,
+    drive_tiny,
+    float64,
+    float_state,
+    mean_states,
+    vlp_run,
+)
 from .vlp_spec import Objective, check_retrieval, info_nce, loaded, towers, train_client
 
 pytestmark = pytest.mark.usefixtures("one_thread", "float64")

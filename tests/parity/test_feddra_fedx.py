@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro.fl.local import batches
+from fedrepro.data.loader import batches
 from fedrepro.methods.selfsup import augment, two_views
 from fedrepro.seeding import torch_generator
 

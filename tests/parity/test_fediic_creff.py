@@ -31,7 +31,13 @@ import torch.nn.functional as F
 
 from fedrepro.seeding import derive_seed, numpy_rng
 
-from .harness import assert_close, floating, initial_method, seed_server, torch_generator_for
+from .harness import (
+    assert_close,
+    floating,
+    initial_method,
+    seed_server,
+    torch_generator_for,
+)
 from .spec_fedavg import check_global, fedavg_round
 from .spec_fediic import ADAM, CLASSES, cross_entropy, drive_tiny, logits
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedrepro.data.loader import batches
 from fedrepro.fl.federation import ClientData, Federation
-from fedrepro.fl.local import batches
-from fedrepro.methods import load_class
+from fedrepro.registry import method_class
 from fedrepro.seeding import seed_global
 
 from .harness import TensorImages, context, drive, initial_server, paper_run
@@ -96,7 +96,7 @@ def drive_tiny(run: dict, tmp_path, fed: Federation | None = None):
 def build_under(run: dict, fed, purpose: str) -> torch.nn.Module:
     """The run's model built under the global seed (run seed, ``purpose``): the initial weights of a
     separately constructed copy (e.g. FedDRA's anchor modules)."""
-    method = load_class(run["impl"]["method"])(context(run, fed))
+    method = method_class(run["algorithm"]["name"])(context(run, fed))
     method.setup()
     seed_global(run["seed"], purpose)
     return method.build_model()

@@ -1,4 +1,5 @@
-# Shared setup: validate the configuration, derive the run grid, helpers for input functions.
+# Shared setup: validate the configuration, derive the grid, and every input function the rules use.
+# Paths come from fedrepro.paths (the one place they are spelled); rules link to each other's outputs.
 
 import json
 import os
@@ -7,12 +8,18 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
+from fedrepro import paths
+from fedrepro.config import ConfigError, Project
+from fedrepro.paths import RunKey
+
+
+envvars:
+    "PATH",
+
+
 # jobs call the `fedrepro` CLI; make the one installed next to this Snakemake win when the user
 # did not activate the environment (conda deployment activates its own env, which then wins)
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-
-from fedrepro.config import ConfigError, Project, RunKey
-from fedrepro.data import registry
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 
 try:
     PROJECT = Project(config, root=workflow.basedir)
@@ -23,46 +30,24 @@ RAW = PROJECT.config["data"]["raw_dir"]
 RUNS = {key.path: key for key in PROJECT.runs()}
 SPLITS = PROJECT.splits()
 FEATURES = {f"{dataset}/{key}": encoder for (dataset, key), encoder in PROJECT.features().items()}
-DATASETS = PROJECT.datasets()
+DOWNSTREAM = PROJECT.downstream_jobs()
+CONFIG_JSON = json.dumps(PROJECT.config, sort_keys=True)
 ENV = "../../envs/fedrepro.yaml"
 
 
 wildcard_constraints:
     dataset=r"[A-Za-z0-9_]+",
     seed=r"\d+",
+    protocol=r"clean|paper",
     paper=r"[a-z][a-z0-9_]*",
     setting=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     method=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
+    task=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
+    figure=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
+    spec=r"(shorter|longer|square)\d+-[a-z]+(-full)?|original",
 
 
-def run_key(wildcards) -> RunKey:
-    path = f"{wildcards.paper}/{wildcards.setting}/{wildcards.method}/seed{wildcards.seed}"
-    if path not in RUNS:
-        raise WorkflowError(f"no run {path} in the configuration")
-    return RUNS[path]
-
-
-_RUN_CONFIGS: dict[RunKey, dict] = {}
-
-
-def run_config(wildcards) -> dict:
-    # input, params, group and resource functions all ask for it: resolve each run once
-    key = run_key(wildcards)
-    if key not in _RUN_CONFIGS:
-        _RUN_CONFIGS[key] = PROJECT.run_config(key)
-    return _RUN_CONFIGS[key]
-
-
-def run_output(key: RunKey, name: str = "metrics.json") -> str:
-    return f"results/runs/{key.path}/{name}"
-
-
-def downstream_output(key: RunKey, task: str) -> str:
-    return f"results/downstream/{key.path}/{task}.json"
-
-
-def raw_marker(dataset: str) -> str:
-    return f"{RAW}/{dataset}/.complete"
+# ---- resources and targets -------------------------------------------------------------------
 
 
 def per_attempt(base: int):
@@ -73,6 +58,113 @@ def per_attempt(base: int):
 
 
 def all_outputs(wildcards=None) -> list[str]:
-    tables = [f"results/tables/{paper}/{table}.md" for paper, table in PROJECT.tables()]
-    figures = [f"results/figures/{paper}/{figure}.png" for paper, figure in PROJECT.figures()]
-    return tables + figures
+    tables = [paths.table(protocol, paper, table) for protocol, paper, table in PROJECT.tables()]
+    figures = [paths.figure(protocol, paper, figure) for protocol, paper, figure in PROJECT.figures()]
+    scorecards = [paths.scorecard(paper) for paper in PROJECT.papers] + [paths.scorecard("all")]
+    return tables + figures + scorecards
+
+
+# ---- data --------------------------------------------------------------------------------------
+
+
+def raw_root(marker: str) -> str:
+    """The raw-data root of a dataset's marker file (``<root>/<dataset>/.complete``)."""
+    return str(Path(marker).parent.parent)
+
+
+def prepare_inputs(wildcards):
+    from fedrepro.registry import DATASETS
+
+    depends_on = DATASETS.get(wildcards.dataset).obj.depends_on
+    return [paths.raw_marker(wildcards.dataset, RAW)] + [paths.manifest(d) for d in depends_on]
+
+
+def split_of(wildcards) -> dict:
+    if wildcards.split not in SPLITS:
+        raise WorkflowError(f"no split {wildcards.split} in the configuration")
+    return SPLITS[wildcards.split]
+
+
+# ---- runs --------------------------------------------------------------------------------------
+
+
+def run_key(wildcards) -> RunKey:
+    path = f"{wildcards.protocol}/{wildcards.paper}/{wildcards.setting}/{wildcards.method}/seed{wildcards.seed}"
+    if path not in RUNS:
+        raise WorkflowError(f"no run {path} in the configuration")
+    return RUNS[path]
+
+
+def run_config(wildcards) -> dict:
+    return PROJECT.run_config(run_key(wildcards))
+
+
+def train_inputs(wildcards):
+    run = run_config(wildcards)
+    inputs = {"manifest": run["paths"]["manifest"], "split": run["paths"]["split"]}
+    if run["paths"]["features"]:
+        inputs["features"] = run["paths"]["features"]
+    elif run["paths"]["images"]:  # decode-once caches: the job never opens an original image
+        for part, pixels in run["paths"]["images"].items():
+            inputs[f"images_{part}"] = pixels
+            inputs[f"images_{part}_index"] = paths.image_cache_index(pixels)
+    else:
+        inputs["raw"] = paths.raw_marker(run["dataset"], RAW)
+    return inputs
+
+
+def on_features(wildcards) -> bool:
+    """Runs on cached encoder features take seconds to minutes on a CPU; image runs want a GPU."""
+    return run_config(wildcards)["input"] == "features"
+
+
+def train_group(wildcards):
+    # Feature-level runs are tiny: on a cluster they share one group, and the profile's
+    # `group-components: train_features=N` packs N of them into one SLURM job.
+    return "train_features" if on_features(wildcards) else None
+
+
+def downstream_job(wildcards) -> dict:
+    key = run_key(wildcards)
+    if f"{key.path}/{wildcards.task}" not in DOWNSTREAM:
+        raise WorkflowError(f"no downstream evaluation {key.path}/{wildcards.task} in the configuration")
+    return PROJECT.downstream_config(key, wildcards.task)
+
+
+def downstream_inputs(wildcards) -> dict:
+    job = downstream_job(wildcards)
+    return {
+        "model": job["paths"]["checkpoint"],
+        "metrics": job["paths"]["metrics"],
+        "manifest": job["paths"]["manifest"],
+        "raw": paths.raw_marker(job["spec"]["dataset"], RAW),
+    }
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+
+def embed_job(wildcards) -> dict:
+    return PROJECT.embed_job(run_key(wildcards), wildcards.figure)
+
+
+def embed_inputs(wildcards) -> dict:
+    job = embed_job(wildcards)
+    return {"model": job["checkpoint"], **train_inputs(wildcards)}
+
+
+def table_inputs(wildcards) -> list[str]:
+    from fedrepro.report.tables import table_inputs, table_item
+
+    return table_inputs(table_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.table))
+
+
+def figure_inputs(wildcards) -> list[str]:
+    from fedrepro.report.figures import figure_inputs, figure_item
+
+    return figure_inputs(figure_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.figure))
+
+
+def scorecard_inputs(wildcards) -> list[str]:
+    papers = list(PROJECT.papers) if wildcards.paper == "all" else [wildcards.paper]
+    return [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in PROJECT.tables() if paper in papers]

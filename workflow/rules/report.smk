@@ -1,30 +1,27 @@
-# Tables and figures: read only the small per-run files, so they rebuild from `dvc pull`ed metrics.
+# Tables, figures and scorecards: they read only small per-run files (and what the embed rule
+# extracted from trained models), each declared by its kind, so they rebuild from `dvc pull`ed files.
 
 
 localrules:
     table,
     figure,
+    scorecard,
 
 
-CONFIG_JSON = json.dumps(PROJECT.config, sort_keys=True)
-
-
-def table_inputs(wildcards):
-    spec = PROJECT.papers[wildcards.paper]["tables"][wildcards.table]
-    if spec.get("kind", "runs") != "runs":  # split_counts and plugin kinds read the split count files
-        seed = PROJECT.config["seeds"][0]
-        return [f"resources/splits/{PROJECT.split_id(wildcards.paper, s, seed)}.counts.csv" for s in spec["settings"]]
-    published = [f"config/published/{spec['published']}"] if spec.get("published") else []
-    downstream = [downstream_output(key, task) for key, task in PROJECT.table_downstream(wildcards.paper, wildcards.table)]
-    return [run_output(key) for key in PROJECT.table_runs(wildcards.paper, wildcards.table)] + downstream + published
-
-
-def figure_inputs(wildcards):
-    spec = PROJECT.papers[wildcards.paper]["figures"][wildcards.figure]
-    seed = PROJECT.config["seeds"][0]
-    splits = [f"resources/splits/{PROJECT.split_id(wildcards.paper, s, seed)}.counts.csv" for s in spec.get("settings", [])]
-    tables = [f"results/tables/{wildcards.paper}/{t}.csv" for t in spec.get("tables", [])]
-    return [run_output(key) for key in PROJECT.figure_runs(wildcards.paper, wildcards.figure)] + splits + tables
+rule embed:
+    """Extract once what a figure needs from a trained model (features for t-SNE, prototype patches)."""
+    input:
+        unpack(embed_inputs),
+    output:
+        embedding=paths.embedding(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "{figure}"),
+    params:
+        job=lambda wc: json.dumps(embed_job(wc), sort_keys=True),
+    log:
+        paths.log("embed", "{protocol}/{paper}/{setting}/{method}/seed{seed}/{figure}"),
+    conda:
+        ENV
+    shell:
+        "fedrepro embed --job {params.job:q} --out {output.embedding} 2> {log}"
 
 
 rule table:
@@ -32,35 +29,58 @@ rule table:
     input:
         table_inputs,
     output:
-        md="results/tables/{paper}/{table}.md",
-        csv=report("results/tables/{paper}/{table}.csv", category="Tables", subcategory="{paper}",
-                   caption="../report/table.rst", labels={"paper": "{paper}", "table": "{table}"}),
-        tex="results/tables/{paper}/{table}.tex",
-        seeds="results/tables/{paper}/{table}.seeds.csv",
+        md=paths.table("{protocol}", "{paper}", "{table}", ".md"),
+        csv=report(paths.table("{protocol}", "{paper}", "{table}", ".csv"), category="Tables",
+                   subcategory="{paper} ({protocol})", caption="../report/table.rst",
+                   labels={"paper": "{paper}", "protocol": "{protocol}", "table": "{table}"}),
+        tex=paths.table("{protocol}", "{paper}", "{table}", ".tex"),
+        seeds=paths.table("{protocol}", "{paper}", "{table}", ".seeds.csv"),
     params:
         config=CONFIG_JSON,
     log:
-        "logs/tables/{paper}/{table}.log",
+        paths.log("tables", "{protocol}/{paper}/{table}"),
     conda:
         ENV
     shell:
-        "fedrepro table --config-json {params.config:q} --paper {wildcards.paper} --table {wildcards.table} "
-        "--out {output.md} 2> {log}"
+        "fedrepro table --config-json {params.config:q} --protocol {wildcards.protocol} --paper {wildcards.paper} "
+        "--table {wildcards.table} --out {output.md} 2> {log}"
 
 
 rule figure:
     input:
         figure_inputs,
     output:
-        png=report("results/figures/{paper}/{figure}.png", category="Figures", subcategory="{paper}",
-                   caption="../report/figure.rst", labels={"paper": "{paper}", "figure": "{figure}"}),
-        pdf="results/figures/{paper}/{figure}.pdf",
+        png=report(paths.figure("{protocol}", "{paper}", "{figure}"), category="Figures",
+                   subcategory="{paper} ({protocol})", caption="../report/figure.rst",
+                   labels={"paper": "{paper}", "protocol": "{protocol}", "figure": "{figure}"}),
+        pdf=paths.figure("{protocol}", "{paper}", "{figure}", ".pdf"),
     params:
         config=CONFIG_JSON,
     log:
-        "logs/figures/{paper}/{figure}.log",
+        paths.log("figures", "{protocol}/{paper}/{figure}"),
     conda:
         ENV
     shell:
-        "fedrepro figure --config-json {params.config:q} --paper {wildcards.paper} --figure {wildcards.figure} "
-        "--out {output.png} 2> {log}"
+        "fedrepro figure --config-json {params.config:q} --protocol {wildcards.protocol} --paper {wildcards.paper} "
+        "--figure {wildcards.figure} --out {output.png} 2> {log}"
+
+
+rule scorecard:
+    """Did each published number reproduce? Every published cell of a paper's tables (or of all papers)
+    under every configured protocol: our mean, its 95% interval, the difference and a verdict."""
+    input:
+        scorecard_inputs,
+    output:
+        html=report(paths.scorecard("{paper}"), category="Scorecards", labels={"paper": "{paper}"}),
+        md=paths.scorecard("{paper}", ".md"),
+        csv=paths.scorecard("{paper}", ".csv"),
+        png=paths.scorecard("{paper}", ".png"),
+        pdf=paths.scorecard("{paper}", ".pdf"),
+    params:
+        config=CONFIG_JSON,
+    log:
+        paths.log("scorecards", "{paper}"),
+    conda:
+        ENV
+    shell:
+        "fedrepro scorecard --config-json {params.config:q} --paper {wildcards.paper} --out {output.html} 2> {log}"

@@ -28,7 +28,6 @@ docs/ARCHITECTURE.md).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 

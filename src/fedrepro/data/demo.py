@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
 
-from .registry import DatasetSpec
+from ..registry import BUILDERS, builder
+from .spec import DatasetSpec
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 BT_PREFIX_TO_CLASS = {"gl": "glioma_tumor", "me": "meningioma_tumor", "no": "no_tumor", "pi": "pituitary_tumor"}
@@ -30,21 +31,11 @@ class OfflineSourceMissing(RuntimeError):
     pass
 
 
-BUILDERS = {}
-
-
-def builder(name: str):
-    """Register a function that lays out an offline dataset's files (``DatasetSpec.materialise``)."""
-    def wrap(fn):
-        BUILDERS[name] = fn
-        return fn
-    return wrap
-
-
 def materialise(spec: DatasetSpec, dataset_dir: Path) -> None:
+    """Lay out an offline dataset's files with its registered builder (``DatasetSpec.materialise``)."""
     if spec.materialise not in BUILDERS:
-        raise OfflineSourceMissing(f"no offline builder {spec.materialise!r} for {spec.name}; known: {sorted(BUILDERS)}")
-    BUILDERS[spec.materialise](spec, dataset_dir)
+        raise OfflineSourceMissing(f"no offline builder {spec.materialise!r} for {spec.name}; known: {BUILDERS.names()}")
+    BUILDERS.get(spec.materialise).obj(spec, dataset_dir)
 
 
 def package_dir(name: str) -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from ..io import sha256_file, write_text
-from .registry import DatasetSpec, Source
+from .spec import DatasetSpec, Source
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ recorded in the split file.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
+from ..registry import SPLITTERS, splitter
 from ..seeding import numpy_rng
 
 
@@ -81,18 +81,9 @@ class Partition:
 
 # --------------------------------------------------------------------------------------------
 # splitters: (labels of the pool, sources of the pool, spec, rng) -> one index array per client
-# (or a Partition), indices relative to the pool. Register new ones with @splitter("name").
-
-Splitter = Callable[[np.ndarray, np.ndarray, dict, np.random.Generator], "list[np.ndarray] | Partition"]
-# A splitter may set ``fn.pool_order = "<manifest column>"`` to receive the pool sorted by that column.
-SPLITTERS: dict[str, Splitter] = {}
-
-
-def splitter(name: str):
-    def wrap(fn: Splitter) -> Splitter:
-        SPLITTERS[name] = fn
-        return fn
-    return wrap
+# (or a Partition), indices relative to the pool. Register new ones with @splitter("name")
+# (fedrepro.registry). A splitter may set ``fn.pool_order = "<manifest column>"`` to receive the pool
+# sorted by that column.
 
 
 @splitter("iid")
@@ -131,7 +122,7 @@ def split_by_source(labels, sources, spec, rng):
         if inner is None:
             out.append(members)
             continue
-        for part in SPLITTERS[inner["kind"]](labels[members], sources[members], inner, rng):
+        for part in SPLITTERS.get(inner["kind"]).obj(labels[members], sources[members], inner, rng):
             out.append(members[part])
     return out
 
@@ -157,17 +148,6 @@ def split_pathological(labels, sources, spec, rng):
     return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=int) for p in parts]
 
 
-def load_splitters() -> None:
-    """Import the paper-specific splitter modules in :mod:`fedrepro.data.splitters` (they register themselves)."""
-    import importlib
-    import pkgutil
-
-    from . import splitters
-
-    for info in pkgutil.iter_modules(splitters.__path__):
-        importlib.import_module(f"{splitters.__name__}.{info.name}")
-
-
 # --------------------------------------------------------------------------------------------
 
 DEFAULT_RATIOS = {"train": 0.8, "val": 0.1, "test": 0.1}
@@ -185,10 +165,10 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
     reference, global_rows = _reference(global_rows, fraction, rng)
 
     kind = spec["kind"]
-    load_splitters()
     if kind not in SPLITTERS:
-        raise SplitError(f"unknown split kind {kind!r}; allowed: {sorted(SPLITTERS)}")
-    pool = _in_pool_order(manifest, pool, getattr(SPLITTERS[kind], "pool_order", None))
+        raise SplitError(f"unknown split kind {kind!r}; allowed: {SPLITTERS.names()}")
+    split_fn = SPLITTERS.get(kind).obj
+    pool = _in_pool_order(manifest, pool, getattr(split_fn, "pool_order", None))
     min_train = int(spec.get("min_train", 1))
     max_draws = int(spec.get("max_draws", 100)) if spec.get("on_empty", "error") == "resample" else 1
     official = spec.get("client_split", "random") == "official"
@@ -196,7 +176,7 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
         raise SplitError("client_split: official keeps each client's official test rows, so global_test cannot also "
                          "be 'official'; use global_test: none (or a fraction / sources)")
     for draw in range(1, max_draws + 1):
-        parts = SPLITTERS[kind](labels_all[pool], sources_all[pool], spec, numpy_rng(seed, "split", "partition", draw))
+        parts = split_fn(labels_all[pool], sources_all[pool], spec, numpy_rng(seed, "split", "partition", draw))
         held_ref, held_test = np.zeros(0, dtype=int), np.zeros(0, dtype=int)
         if isinstance(parts, Partition):
             held = pool[np.asarray(parts.held_out, dtype=int)]

@@ -1,8 +1,8 @@
 """Preparers: a dataset's raw layout -> its canonical manifest (see :mod:`fedrepro.data.manifest`).
 
 A preparer takes the dataset spec and the raw root (``resources/raw``) and returns a DataFrame whose
-paths are relative to the raw root. Register one with ``@preparer("name")`` next to the dataset that
-uses it (in :mod:`fedrepro.data.datasets`); generic layouts live here. A derived dataset (one with
+paths are relative to the raw root. Register one with ``@preparer("name")`` (:mod:`fedrepro.registry`)
+next to the dataset that uses it (in :mod:`fedrepro.data.datasets`); helpers for generic layouts live here. A derived dataset (one with
 ``depends_on``) is built from other datasets' manifests: its preparer also gets ``manifest_dir``
 (the folder of ``<dataset>.csv`` manifests, ``resources/manifests``).
 """
@@ -10,26 +10,14 @@ uses it (in :mod:`fedrepro.data.datasets`); generic layouts live here. A derived
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
+from ..registry import preparer
 from .manifest import make_manifest
-from .registry import DatasetSpec
+from .spec import DatasetSpec
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff"}
-
-Preparer = Callable[[DatasetSpec, Path], pd.DataFrame]
-PREPARERS: dict[str, Preparer] = {}
-
-
-def preparer(name: str):
-    def wrap(fn: Preparer) -> Preparer:
-        if name in PREPARERS:
-            raise ValueError(f"preparer {name!r} registered twice")
-        PREPARERS[name] = fn
-        return fn
-    return wrap
 
 
 def list_images(folder: Path) -> list[Path]:
@@ -119,13 +107,9 @@ def dependency_manifest(manifest_dir: Path, spec: DatasetSpec, name: str) -> pd.
 def prepare_dataset(spec: DatasetSpec, raw_root: Path, manifest_dir: Path | None = None) -> pd.DataFrame:
     """``manifest_dir`` (default ``<raw_root>/../manifests``) is where a derived dataset finds the
     manifests of the datasets it ``depends_on``."""
-    from .registry import _load_all
+    from ..registry import PREPARERS
 
-    _load_all()  # dataset modules register their preparers on import
-    try:
-        prepare = PREPARERS[spec.prepare]
-    except KeyError:
-        raise KeyError(f"{spec.name}: unknown preparer {spec.prepare!r}; known: {sorted(PREPARERS)}") from None
+    prepare = PREPARERS.get(spec.prepare).obj
     if spec.depends_on:
         return prepare(spec, Path(raw_root), manifest_dir=Path(manifest_dir or Path(raw_root).parent / "manifests"))
     return prepare(spec, Path(raw_root))

@@ -100,10 +100,10 @@ def load_models(job: dict, family, device) -> list[torch.nn.Module]:
 
 
 def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None) -> dict:
-    from ..data import registry
     from ..data.manifest import read_manifest
-    from ..fl.local import resolve_device
+    from ..device import resolve_device
     from ..models.families import build_family
+    from ..registry import dataset
     from . import probe, segmentation
 
     log = log or logging.getLogger("fedrepro.downstream")
@@ -113,7 +113,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
         torch.set_num_threads(job["threads"])
     device = resolve_device(job["device"])
     run, spec = job["run"], job["spec"]
-    family = build_family(run["impl"]["model"], run["train"]["model"], list(registry.get(run["dataset"]).classes), {}).to(device)
+    family = build_family(run["train"]["model"], list(dataset(run["dataset"]).classes), {}).to(device)
     for name in ("encode_image",) + (("image_feature_maps", "eval_geometry") if spec["kind"] == "segmentation" else ()):
         if not hasattr(family, name):
             raise DownstreamError(f"model family {run['train']['model']['family']!r} has no {name}(): it cannot run a {spec['kind']} task")
@@ -123,7 +123,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
         raise DownstreamError(f"{job['paths']['manifest']} has no column {column!r} (downstream/{job['task']}/label_column); "
                               f"columns: {list(manifest.columns)}")
     labels = manifest[column].to_numpy().astype(int)
-    classes = list(registry.get(spec["dataset"]).classes) if column == "label" else [str(v) for v in np.unique(labels[labels >= 0])]
+    classes = list(dataset(spec["dataset"]).classes) if column == "label" else [str(v) for v in np.unique(labels[labels >= 0])]
     splits = task_splits(manifest, labels, spec)
     subsets = fraction_subsets(labels, splits["train"], spec["fractions"], spec["min_per_class"],
                                numpy_rng(job["seed"], "downstream", job["task"]))

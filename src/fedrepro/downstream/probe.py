@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..data.images import ManifestImages
-from ..fl.local import batches
+from ..data.loader import batches
 from ..metrics import classification_metrics
 from ..seeding import seed_global, torch_generator
 

@@ -94,7 +94,7 @@ class MaskedImages:
 
 @torch.no_grad()
 def encode_maps(family, model, dataset, levels: int, batch_size: int, device) -> tuple[list[torch.Tensor], torch.Tensor]:
-    from ..fl.local import batches
+    from ..data.loader import batches
 
     maps, masks = None, []
     for batch in batches(dataset, batch_size, shuffle=False):

@@ -15,25 +15,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..data.loader import FeatureSet
 from ..data.partition import Split
 
 UNLABELED = -1
-
-
-class FeatureSet:
-    """Rows of a cached feature matrix; supports fast batch slicing (see :func:`fl.local.batches`)."""
-
-    def __init__(self, features: torch.Tensor, labels: torch.Tensor, rows: np.ndarray):
-        self.features, self.labels, self.rows = features, labels, torch.as_tensor(rows, dtype=torch.long)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def batch(self, positions: torch.Tensor) -> dict:
-        return {"x": self.features[positions], "y": self.labels[positions], "index": self.rows[positions]}
-
-    def __getitem__(self, i: int) -> dict:
-        return {"x": self.features[i], "y": int(self.labels[i]), "index": int(self.rows[i])}
 
 
 @dataclass
@@ -88,7 +73,7 @@ def build_feature_federation(split: Split, protocol: str, cache: dict, class_nam
 
     test_rows, ref_rows = target_rows(split, protocol)
     clients = [ClientData(name, i, subset(p["train"]), subset(p["val"]), subset(p["test"]))
-               for i, (name, p) in enumerate(sorted(split.clients.items(), key=lambda kv: _client_order(kv[0])))]
+               for i, (name, p) in enumerate(sorted(split.clients.items(), key=lambda kv: client_order(kv[0])))]
     return Federation(
         clients=clients,
         global_test=subset(test_rows) if len(test_rows) else None,
@@ -126,7 +111,7 @@ def build_image_federation(split: Split, protocol: str, manifest, raw_root: str 
 
     test_rows, ref_rows = target_rows(split, protocol)
     clients = [ClientData(name, i, subset(p["train"], "train"), subset(p["val"], "eval"), subset(p["test"], "eval"))
-               for i, (name, p) in enumerate(sorted(split.clients.items(), key=lambda kv: _client_order(kv[0])))]
+               for i, (name, p) in enumerate(sorted(split.clients.items(), key=lambda kv: client_order(kv[0])))]
     return Federation(
         clients=clients,
         global_test=subset(test_rows, "eval") if len(test_rows) else None,
@@ -136,7 +121,7 @@ def build_image_federation(split: Split, protocol: str, manifest, raw_root: str 
     )
 
 
-def _client_order(name: str) -> tuple:
+def client_order(name: str) -> tuple:
     # client2 < client10: numeric order, so "sorted client order" means what people expect
     digits = "".join(ch for ch in name if ch.isdigit())
     return (name.rstrip("0123456789"), int(digits) if digits else -1, name)

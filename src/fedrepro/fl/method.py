@@ -25,11 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.loader import batches, to_device
 from ..models.families import ModelFamily, Output, build_family
 from ..seeding import seed_global
 from .comm import CommLedger
+from .evaluation import evaluate
 from .federation import ClientData, Federation
-from .local import batches, local_batches, make_optimizer, to_device
+from .local import local_batches, make_optimizer
 
 
 @dataclass
@@ -104,12 +106,10 @@ class FederatedMethod(ABC):
     def evaluate(self, fed: Federation) -> tuple[dict, dict]:
         """Per-round evaluation -> (flat metrics ``{"<eval>/<metric>": value}``, predictions ``{"<eval>": (probs, labels)}``).
 
-        Classification by default (:func:`fedrepro.fl.engine.evaluate_classification`); methods with
-        another task (e.g. image-text retrieval) override this and return their own metric names.
+        By the model family's task (:func:`fedrepro.fl.evaluation.evaluate`): classification, or
+        image-text retrieval; a method with another task overrides this and returns its own metric names.
         """
-        from .engine import evaluate_classification
-
-        return evaluate_classification(self, fed)
+        return evaluate(self, fed)
 
 
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
@@ -140,7 +140,7 @@ class ModelAveraging(FederatedMethod):
 
     def setup(self) -> None:
         train = self.ctx.train
-        self.family: ModelFamily = build_family(self.ctx.run["impl"]["model"], train["model"], self.fed.class_names,
+        self.family: ModelFamily = build_family(train["model"], self.fed.class_names,
                                                 self.fed.extras).to(self.device)
         seed_global(self.ctx.seed, "init")
         self.server: nn.Module = self.build_model().to(self.device)
@@ -253,11 +253,6 @@ class ModelAveraging(FederatedMethod):
         self.server.load_state_dict(averaged, strict=False)
 
     # ---- evaluation -------------------------------------------------------------------------
-    def evaluate(self, fed: Federation) -> tuple[dict, dict]:
-        """The model family knows its task (classification by default, retrieval for image-text
-        families), so generic algorithms evaluate correctly on every family."""
-        return self.family.evaluate(self, fed)
-
     def model_for(self, client: ClientData | None) -> nn.Module:
         if client is None or not self.personalized:
             return self.server

@@ -19,8 +19,10 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset
 
-from ..fl.federation import ClientData, FeatureSet
+from ..data.loader import FeatureSet
+from ..fl.federation import ClientData
 from ..fl.method import ModelAveraging
+from ..registry import register_method
 
 
 def pool_datasets(parts: list):
@@ -36,6 +38,19 @@ def pool_datasets(parts: list):
     return pooled
 
 
+CENTRALIZED_PARAMS = {
+    "budget": {
+        "description": "local work per round of the pooled model: client = one client's (train.local as it is; "
+                       "with local.steps that is 1/K of the federation's gradient steps); federation = K times "
+                       "local.steps, the federation's total (same number of batches as the federated runs). "
+                       "Equal under local.epochs.",
+        "enum": ["client", "federation"],
+        "default": "client",
+    },
+}
+
+
+@register_method("centralized", params=CENTRALIZED_PARAMS)
 class Centralized(ModelAveraging):
     def setup(self) -> None:
         super().setup()

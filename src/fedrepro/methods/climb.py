@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..fl.method import ModelAveraging
+from ..registry import register_method
 from .imbalance import fixed_randomness, outputs_over, split_payload
 
 
@@ -46,6 +47,36 @@ def climb_dual_step(lambdas: torch.Tensor, losses: torch.Tensor, eta: float, eps
     return torch.clamp(lambdas + step, min=0.0, max=lambda_max)
 
 
+CLIMB_PARAMS = {
+    "eta_d": {
+        "type": "number",
+        "minimum": 0,
+        "default": 0.1,
+        "description": "dual step size (FedIIC: 0.1 for ISIC/ICH, 0.01 for Real)",
+    },
+    "epsilon": {
+        "type": "number",
+        "minimum": 0,
+        "default": 0.1,
+        "description": "tolerance of the loss-gap constraint (FedIIC: 0.1)",
+    },
+    "lambda_max": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 100.0,
+        "description": "upper clamp of the duals (CLIMB code: 100 since its last commit, 5 before)",
+    },
+    "client_loss": {
+        "enum": ["batch_sum", "mean"],
+        "default": "batch_sum",
+        "description": "f_k of the dual step: batch_sum = the sum over the client's mini-batches (local batch "
+                       "size) of their mean cross-entropy, as the CLIMB code's _evaluate (default); mean = the "
+                       "mean cross-entropy per example (the paper's f_k).",
+    },
+}
+
+
+@register_method("climb", params=CLIMB_PARAMS)
 class CLIMB(ModelAveraging):
     LOSS = "climb.loss"
 

@@ -21,11 +21,31 @@ local datasets").
 
 from __future__ import annotations
 
+from ..fl.evaluation import score_models
 from ..fl.federation import ClientData
 from ..fl.method import ModelAveraging, _cpu
+from ..registry import register_method
 from .centralized import pool_datasets
 
+DECENTRALIZED_PARAMS = {
+    "federated_rounds": {
+        "type": "integer",
+        "minimum": 0,
+        "default": 0,
+        "description": "rounds of FedAvg before local training (Fig. 3b)",
+    },
+    "shallow_rounds": {
+        "description": "the last rounds re-train only the shallow layers of each client's model on all clients'"
+                       " data (Fig. 3c)",
+        "type": "integer",
+        "minimum": 0,
+        "default": 0,
+    },
+    "shallow_blocks": {"type": "integer", "minimum": 0, "default": 4},
+}
 
+
+@register_method("decentralized", params=DECENTRALIZED_PARAMS)
 class Decentralized(ModelAveraging):
     personalized = True
 
@@ -85,8 +105,8 @@ class Decentralized(ModelAveraging):
 
     def evaluate(self, fed):
         metrics, preds = super().evaluate(fed)
-        if self.turn_states and hasattr(self.family, "score_models"):
-            metrics.update(self.family.score_models(self, fed, self.turn_states, f"turn{self.params['federated_rounds']}."))
+        if self.turn_states and self.family.task == "retrieval":
+            metrics.update(score_models(self, fed, self.turn_states, f"turn{self.params['federated_rounds']}."))
         return metrics, preds
 
     def state_dict(self) -> dict:

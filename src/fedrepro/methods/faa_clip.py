@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..registry import register_method
 from .target_domain import DomainAdaptation
 
 
@@ -104,6 +105,52 @@ def domain_adversarial_loss(discriminator: nn.Module, source: torch.Tensor, targ
                   + F.binary_cross_entropy_with_logits(lt, torch.zeros_like(lt)))
 
 
+FAA_CLIP_PARAMS = {
+    "lambda_da": {
+        "description": "λ of eq. 6 (paper and code: 0.5); 0 = FAA-CLIP without DA (Table VII, Fig. 6)",
+        "type": "number",
+        "minimum": 0,
+        "default": 0.5,
+    },
+    "grl_coeff": {
+        "type": "number",
+        "minimum": 0,
+        "default": 1.0,
+        "description": "gradient reversal coefficient (code: 1, its DANN schedule is off)",
+    },
+    "target_grad": {
+        "description": "false = the target features are computed without gradient, only the source branch "
+                       "trains the FAM adversarially (code); true = the paper's min-max over both domains",
+        "type": "boolean",
+        "default": False,
+    },
+    "discriminator_batches": {
+        "description": "separate = D called on the source and the target batch separately, one domain per "
+                       "BatchNorm batch (code); joint = one 2B batch (eq. 5 as written)",
+        "enum": ["separate", "joint"],
+        "default": "separate",
+    },
+    "share_discriminator": {
+        "type": "boolean",
+        "default": False,
+        "description": "average D like the FAM (Table VII 'w/ shared D'); default: D stays local",
+    },
+    "local_bn": {
+        "description": "keep the FAM's BatchNorm weights and statistics on each client (Table VII 'w/o shared "
+                       "BN', FedBN); each client's test split is then scored by its own model, the global set "
+                       "by the mean of the clients' models' probabilities",
+        "type": "boolean",
+        "default": False,
+    },
+    "discriminator_hidden": {
+        "type": "integer",
+        "minimum": 1,
+        "description": "width of D's hidden layers (default: the feature dim; the code hard-codes 512)",
+    },
+}
+
+
+@register_method("faa_clip", params=FAA_CLIP_PARAMS)
 class FAACLIP(DomainAdaptation):
     def setup(self) -> None:
         super().setup()

@@ -9,7 +9,9 @@ by client training-set size (``train.aggregation.weights: train_size``) or unifo
 from __future__ import annotations
 
 from ..fl.method import ModelAveraging
+from ..registry import register_method
 
 
+@register_method("fedavg")
 class FedAvg(ModelAveraging):
     """Model averaging with nothing added: the reference every other method is compared with."""

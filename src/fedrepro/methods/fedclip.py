@@ -15,9 +15,11 @@ encoder on every batch as the authors' code does (FAA-CLIP Table II times that p
 from __future__ import annotations
 
 from ..fl.method import ModelAveraging
+from ..registry import register_method
 from .tuning import require_family
 
 
+@register_method("fedclip")
 class FedCLIP(ModelAveraging):
     def setup(self) -> None:
         require_family(self.ctx, ("clip_adapter", "clip_adapter_images"))

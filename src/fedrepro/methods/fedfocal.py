@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..fl.method import ModelAveraging
+from ..registry import register_method
 
 
 def focal_loss(scores: torch.Tensor, targets: torch.Tensor, gamma: float, smoothing: float = 0.0) -> torch.Tensor:
@@ -31,6 +32,13 @@ def focal_loss(scores: torch.Tensor, targets: torch.Tensor, gamma: float, smooth
     return -(q * focus * log_p).sum(dim=1).mean()
 
 
+FEDFOCAL_PARAMS = {
+    "gamma": {"type": "number", "minimum": 0, "default": 2.0},
+    "smoothing": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.0},
+}
+
+
+@register_method("fedfocal", params=FEDFOCAL_PARAMS)
 class FedFocal(ModelAveraging):
     def local_loss(self, model, batch, client, rnd):
         out = self.family.forward(model, batch)

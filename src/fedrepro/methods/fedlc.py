@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..fl.method import ModelAveraging
+from ..registry import register_method
 from .imbalance import class_counts, logit_adjusted_cross_entropy
 
 
@@ -23,6 +24,17 @@ def calibration(counts: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.where(counts > 0, -tau * counts.clamp_min(1e-12) ** -0.25, torch.full_like(counts, float("-inf")))
 
 
+FEDLC_PARAMS = {
+    "tau": {
+        "type": "number",
+        "minimum": 0,
+        "default": 1.0,
+        "description": "not given by FedIIC; FedLC's default 1.0",
+    },
+}
+
+
+@register_method("fedlc", params=FEDLC_PARAMS)
 class FedLC(ModelAveraging):
     def setup(self) -> None:
         super().setup()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..fl.method import ModelAveraging, weighted_average
+from ..registry import register_method
 
 
 def layer_cosines(client: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], keys) -> dict[str, float]:
@@ -55,6 +56,24 @@ def ldawa_aggregate(states: list[dict], reference: dict, base_weights: list[floa
     return out
 
 
+FEDLDAWA_PARAMS = {
+    "renormalize": {
+        "description": "false = weights cos * n_k / n as in L-DAWA (their sum can be < 1, shrinking the layer);"
+                       " true = rescale them to sum to 1 per layer",
+        "type": "boolean",
+        "default": False,
+    },
+    "layers": {
+        "description": "which state entries are scaled by their cosine: state = every non-scalar entry, "
+                       "BatchNorm running statistics included (L-DAWA's code, which scales the whole list of "
+                       "model weights); parameters = the parameters only, buffers averaged as in FedAvg",
+        "enum": ["state", "parameters"],
+        "default": "state",
+    },
+}
+
+
+@register_method("fedldawa", params=FEDLDAWA_PARAMS)
 class FedLDAWA(ModelAveraging):
     def aggregate(self, updates, rnd):
         reference = {k: v.detach().clone() for k, v in self.server.state_dict().items()}

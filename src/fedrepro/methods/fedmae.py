@@ -24,6 +24,7 @@ from torch import nn
 
 from ..fl.method import ModelAveraging
 from ..models.vlp import require_vlp
+from ..registry import register_method
 
 
 def random_masking(batch: int, n: int, keep: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,6 +128,48 @@ def encode_visible(vit: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch
     return vit.norm(h)
 
 
+FEDMAE_PARAMS = {
+    "mask_ratio": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "exclusiveMaximum": 1,
+        "default": 0.6,
+        "description": "FedMAE's --mask_ratio 0.6 (MAE's own default is 0.75)",
+    },
+    "weight": {
+        "type": "number",
+        "minimum": 0,
+        "default": 1.0,
+        "description": "weight of the reconstruction loss",
+    },
+    "decoder_dim": {
+        "type": "integer",
+        "minimum": 8,
+        "multipleOf": 4,
+        "default": 512,
+        "description": "MAE-base decoder (mae_vit_base_patch16): 512-d",
+    },
+    "decoder_depth": {
+        "type": "integer",
+        "minimum": 1,
+        "default": 8,
+        "description": "MAE-base decoder: 8 blocks",
+    },
+    "decoder_heads": {
+        "type": "integer",
+        "minimum": 1,
+        "default": 16,
+        "description": "MAE-base decoder: 16 heads",
+    },
+    "norm_pix_loss": {
+        "type": "boolean",
+        "default": True,
+        "description": "MAE's per-patch normalised pixel targets",
+    },
+}
+
+
+@register_method("fedmae", params=FEDMAE_PARAMS)
 class FedMAE(ModelAveraging):
     def setup(self) -> None:
         require_vlp(self)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..fl.method import ModelAveraging, weighted_average
+from ..registry import register_method
 
 
 def normalising_factor(steps: int, momentum: float = 0.0) -> float:
@@ -44,6 +45,7 @@ def fednova_update(global_state: dict[str, torch.Tensor], client_states: list[di
     return out
 
 
+@register_method("fednova")
 class FedNova(ModelAveraging):
     def aggregate(self, updates, rnd):
         opt = self.ctx.train["optimizer"]

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ..fl.method import ModelAveraging
 from ..models.families import cross_entropy_over
+from ..registry import register_method
 from .imbalance import fixed_randomness, outputs_over, projector_of, split_payload
 
 
@@ -57,6 +58,29 @@ def weighted_prototypes(means: list[torch.Tensor], counts: list[torch.Tensor]) -
     return summed / total.clamp_min(1.0)[:, None], total > 0
 
 
+FEDPROC_PARAMS = {
+    "tau": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 0.5,
+        "description": "temperature of the prototype contrast [GAP: FedIIC gives none]",
+    },
+    "schedule": {
+        "enum": ["linear", "constant"],
+        "default": "linear",
+        "description": "linear = alpha_r = 1 - r/R (FedProc); constant = alpha_r = alpha",
+    },
+    "alpha": {
+        "type": "number",
+        "minimum": 0,
+        "maximum": 1,
+        "default": 0.5,
+        "description": "the weight when schedule = constant",
+    },
+}
+
+
+@register_method("fedproc", params=FEDPROC_PARAMS)
 class FedProc(ModelAveraging):
     PROTOTYPES, KNOWN = "fedproc.prototypes", "fedproc.known"
 

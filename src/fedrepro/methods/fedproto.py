@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..fl.method import ModelAveraging
+from ..registry import register_method
 
 
 def feature_distance(features: torch.Tensor, prototypes: torch.Tensor, kind: str) -> torch.Tensor:
@@ -59,6 +60,37 @@ def aggregate_prototypes(local: list[torch.Tensor], counts: list[torch.Tensor], 
     return glob.to(stacked.dtype), total > 0
 
 
+FEDPROTO_PARAMS = {
+    "lambda": {
+        "type": "number",
+        "minimum": 0,
+        "default": 1.0,
+        "description": "weight of the prototype regulariser (FedProto code --ld 1)",
+    },
+    "distance": {
+        "description": "mse = mean squared difference over feature dimensions (FedProto code's MSELoss, "
+                       "default); squared_l2 = their sum",
+        "enum": ["mse", "squared_l2"],
+        "default": "mse",
+    },
+    "weighting": {
+        "description": "Global prototype of a class: mean = plain mean over the clients that have the class "
+                       "(official FedProto code, which FedAdapterProto's code base derives from; default); "
+                       "weighted = weighted by the clients' class counts (FedProto paper, eq. 6; "
+                       "yuetan031/FedProto issue #6).",
+        "enum": ["mean", "weighted"],
+        "default": "mean",
+    },
+    "predict": {
+        "description": "head = the client's own classifier (default); nearest_prototype = the closest global "
+                       "prototype",
+        "enum": ["head", "nearest_prototype"],
+        "default": "head",
+    },
+}
+
+
+@register_method("fedproto", params=FEDPROTO_PARAMS)
 class FedProto(ModelAveraging):
     personalized = True
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..registry import register_method
 from .global_anchor import GlobalAnchor
 
 NORM_EPS = 1e-10   # inside the square root of the non-squared norm, as the authors' code starts its sum
@@ -29,6 +30,31 @@ def proximal_term(model: torch.nn.Module, anchor: dict[str, torch.Tensor], mu: f
     return (mu / 2) * (sq if squared else torch.sqrt(sq + NORM_EPS))
 
 
+FEDPROX_PARAMS = {
+    "mu": {"type": "number", "minimum": 0, "default": 0.01},
+    "squared": {
+        "description": "true = (mu/2)||w - w_g||^2 as in the FedProx paper; false = (mu/2)||w - w_g|| as in the"
+                       " FACMIC/FAA-CLIP code (whose 1e-2/2 * ||w - w_g|| is mu = 0.01)",
+        "type": "boolean",
+        "default": True,
+    },
+    "anchor": {
+        "description": "the global model the regulariser looks at: round_start = the one this round started "
+                       "from; previous_round = the one the previous round started from (FAA-CLIP's code)",
+        "enum": ["round_start", "previous_round"],
+        "default": "round_start",
+    },
+    "warmup_updates": {
+        "description": "the first n client updates of the run go without the regulariser (FACMIC/FAA-CLIP code:"
+                       " 1, gated by args.step > 0)",
+        "type": "integer",
+        "minimum": 0,
+        "default": 0,
+    },
+}
+
+
+@register_method("fedprox", params=FEDPROX_PARAMS)
 class FedProx(GlobalAnchor):
     def before_local_training(self, client, rnd):
         super().before_local_training(client, rnd)

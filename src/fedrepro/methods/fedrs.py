@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..fl.method import ModelAveraging
+from ..registry import register_method
 from .imbalance import class_counts
 
 
@@ -29,6 +30,18 @@ def restricted_scores(scores: torch.Tensor, present: torch.Tensor, alpha: float)
     return scores * scale[None, :]
 
 
+FEDRS_PARAMS = {
+    "alpha": {
+        "type": "number",
+        "minimum": 0,
+        "maximum": 1,
+        "default": 0.0,
+        "description": "FedIIC supplementary Table 1: alpha = 0",
+    },
+}
+
+
+@register_method("fedrs", params=FEDRS_PARAMS)
 class FedRS(ModelAveraging):
     def setup(self) -> None:
         super().setup()

@@ -25,7 +25,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..fl.local import batches, to_device
+from ..data.loader import batches, to_device
+from ..registry import register_method
 from ..seeding import torch_generator
 from .selfsup import ImageSelfSupervised, augment, nt_xent, relational_loss, two_views
 
@@ -52,6 +53,44 @@ class PredictionMLP(nn.Sequential):
         super().__init__(nn.Linear(dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, dim))
 
 
+FEDX_PARAMS = {
+    "temperature": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 0.1,
+        "description": "NT-Xent and relation-distribution temperature (FedX --temperature)",
+    },
+    "student_temperature": {
+        "description": "temperature of the local relational loss's target mixture (FedX --ts; its run command "
+                       "leaves the default 0.1; the loss function's own default, a sharper 0.01, is the other "
+                       "reading)",
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 0.1,
+    },
+    "teacher_temperature": {
+        "description": "temperature of the global relational loss's target mixture (FedX --tt, default 0.1; "
+                       "0.01 = the sharper reading)",
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 0.1,
+    },
+    "weight": {
+        "type": "number",
+        "minimum": 0,
+        "default": 1.0,
+        "description": "weight of the four FedX terms together",
+    },
+    "predictor_hidden": {
+        "description": "hidden width of FedX's prediction MLP (Linear-ReLU-Linear); null = the embedding "
+                       "dimension (FedX)",
+        "oneOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+        "default": None,
+    },
+}
+
+
+@register_method("fedx", params=FEDX_PARAMS)
 class FedX(ImageSelfSupervised):
     def setup(self) -> None:
         super().setup()

@@ -10,7 +10,6 @@ random streams of local training untouched (resume stays exact).
 from __future__ import annotations
 
 import contextlib
-import random
 from typing import Iterator
 
 import numpy as np
@@ -18,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..fl.engine import dataset_labels
-from ..fl.local import batches, to_device
+from ..data.loader import batches, to_device
+from ..fl.evaluation import dataset_labels
 from ..models.families import Output
-from ..seeding import seed_global
+from ..seeding import kept_rng_state, seed_global
 
 
 def class_counts(dataset, num_classes: int) -> torch.Tensor:
@@ -45,17 +44,9 @@ def logit_adjusted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ad
 def fixed_randomness(seed: int, purpose: str, *keys):
     """Run a block with the global RNGs (python, numpy, torch) seeded from (seed, purpose, keys),
     and restore their previous state afterwards."""
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-             torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
-    seed_global(seed, purpose, *keys)
-    try:
+    with kept_rng_state():
+        seed_global(seed, purpose, *keys)
         yield
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.set_rng_state(saved[2])
-        if saved[3] is not None:
-            torch.cuda.set_rng_state_all(saved[3])
 
 
 @torch.no_grad()

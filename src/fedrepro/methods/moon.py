@@ -26,6 +26,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from ..registry import register_method
 from .global_anchor import GlobalAnchor
 
 
@@ -36,6 +37,33 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
     return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
+MOON_PARAMS = {
+    "mu": {"type": "number", "minimum": 0, "default": 1.0},
+    "tau": {"type": "number", "exclusiveMinimum": 0, "default": 0.5},
+    "previous": {
+        "description": "z_prev from: last_local = the client's own model at the end of its previous round "
+                       "(MOON; FAA-CLIP's code); current = the model being trained (FACMIC's code, whose "
+                       "previous_nets are the current models)",
+        "enum": ["last_local", "current"],
+        "default": "last_local",
+    },
+    "anchor": {
+        "description": "the global model the regulariser looks at: round_start = the one this round started "
+                       "from; previous_round = the one the previous round started from (FAA-CLIP's code)",
+        "enum": ["round_start", "previous_round"],
+        "default": "round_start",
+    },
+    "warmup_updates": {
+        "description": "the first n client updates of the run go without the regulariser (FACMIC/FAA-CLIP code:"
+                       " 1, gated by args.step > 0)",
+        "type": "integer",
+        "minimum": 0,
+        "default": 0,
+    },
+}
+
+
+@register_method("moon", params=MOON_PARAMS)
 class MOON(GlobalAnchor):
     def setup(self) -> None:
         super().setup()

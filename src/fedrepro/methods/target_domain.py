@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from ..fl.local import batches, to_device
+from ..data.loader import batches, to_device
 from ..fl.method import ModelAveraging
 from ..seeding import torch_generator
 from .tuning import require_family

@@ -31,42 +31,16 @@ as encoding one prompt per sample.
 from __future__ import annotations
 
 import copy
-import random
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ..seeding import seed_global
+from ..registry import register_model
+from .decoding import clip_specs
+from .encoders import ENCODER_SCHEMA, frozen_clip
 from .families import ModelFamily, Output, clip_batch_objective, clip_scores
-
-_FROZEN: dict[tuple, tuple] = {}
-
-
-def frozen_clip(encoder: dict, device: str = "cpu"):
-    """-> (open_clip model with requires_grad off, its preprocess, tokenizer), loaded once per process.
-
-    A random-init model (``pretrained: none``, tests and demo) is built under the same fixed seed as the
-    feature-cache job (``fedrepro features``), so the uncached path sees the cache's encoder and every
-    run seed starts from the same "pretrained" weights; the caller's random state is left untouched.
-    """
-    from .encoders import load_open_clip
-
-    key = (encoder["name"], encoder["pretrained"], device)
-    if key not in _FROZEN:
-        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
-        try:
-            seed_global(0, "init")
-            model, preprocess, tokenizer = load_open_clip(encoder["name"], encoder["pretrained"], device=device)
-        finally:
-            random.setstate(states[0])
-            np.random.set_state(states[1])
-            torch.set_rng_state(states[2])
-        _FROZEN[key] = (model.requires_grad_(False), preprocess, tokenizer)
-    return _FROZEN[key]
-
 
 # --------------------------------------------------------------------------------------------
 # LoRA as a weight parametrization: W -> W + (alpha / r) * B A on chosen row blocks of W
@@ -175,7 +149,7 @@ class OpenClipFamily(ModelFamily):
     def __init__(self, cfg, class_names, extras):
         super().__init__(cfg, class_names, extras)
         self.pristine, self.preprocess, self.tokenizer = frozen_clip(cfg["encoder"])
-        from ..features import prompt_texts
+        from .encoders import prompt_texts
 
         self.tokens = self.tokenizer(prompt_texts(cfg["encoder"]["prompt"], self.class_names))
 
@@ -225,11 +199,65 @@ class OpenClipFamily(ModelFamily):
         return self.eval_transform()   # both papers' code applies no augmentation
 
 
+SCALE = {"oneOf": [{"const": "model"}, {"type": "number", "exclusiveMinimum": 0}]}
+LOGIT_SCALE = {
+    **SCALE,
+    "description": "the scale of the cosine scores in the training loss: model = CLIP's own temperature exp(t) "
+                   "(trained with the encoders under clip_full, as in the authors' code; frozen otherwise), or a "
+                   "fixed number",
+    "default": "model",
+}
+EVAL_LOGIT_SCALE = {
+    **SCALE,
+    "description": "the scale of the cosine scores whose softmax is the prediction at evaluation: model = CLIP's "
+                   "exp(t), or a fixed number; absent = logit_scale. The authors' test code uses a fixed 100 for "
+                   "every CLIP baseline (paper configs: 100); accuracy does not depend on it, probabilities "
+                   "(ROC, DCA, ECE) do.",
+}
+
+
+CLIP_FULL_PARAMS = {
+    "encoder": ENCODER_SCHEMA,
+    "logit_scale": LOGIT_SCALE,
+    "eval_logit_scale": EVAL_LOGIT_SCALE,
+}
+
+
+@register_model("clip_full", input="images", params=CLIP_FULL_PARAMS, decode=clip_specs)
 class ClipFullFamily(OpenClipFamily):
     def build(self) -> nn.Module:
         return self.fresh_clip()
 
 
+CLIP_LORA_PARAMS = {
+    "encoder": ENCODER_SCHEMA,
+    "rank": {"type": "integer", "minimum": 1, "default": 3},
+    "alpha": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "description": "LoRA scaling alpha (update = alpha/r * B A); default: alpha = r",
+    },
+    "encoders": {
+        "type": "array",
+        "items": {"enum": ["image", "text"]},
+        "minItems": 1,
+        "uniqueItems": True,
+        "default": ["image", "text"],
+    },
+    "targets": {
+        "description": "q, k, v (attention input projections), o (attention output), fc / proj (MLP)",
+        "type": "array",
+        "items": {"enum": ["q", "k", "v", "o", "fc", "proj"]},
+        "minItems": 1,
+        "uniqueItems": True,
+        "default": ["q", "k", "v"],
+    },
+    "logit_scale": LOGIT_SCALE,
+    "eval_logit_scale": EVAL_LOGIT_SCALE,
+}
+
+
+@register_model("clip_lora", input="images", params=CLIP_LORA_PARAMS, decode=clip_specs)
 class ClipLoRAFamily(OpenClipFamily):
     def build(self) -> nn.Module:
         clip = self.fresh_clip()
@@ -237,6 +265,26 @@ class ClipLoRAFamily(OpenClipFamily):
         return clip
 
 
+CLIP_PROMPT_PARAMS = {
+    "encoder": ENCODER_SCHEMA,
+    "n_ctx": {
+        "type": "integer",
+        "minimum": 1,
+        "default": 16,
+        "description": "number of context vectors M (ignored with init: template)",
+    },
+    "init": {
+        "description": "random = N(0, 0.02^2) (CoOp); template = the token embeddings of the encoder's prompt "
+                       "words ('a picture of a'), i.e. the zero-shot prompt",
+        "enum": ["random", "template"],
+        "default": "random",
+    },
+    "logit_scale": LOGIT_SCALE,
+    "eval_logit_scale": EVAL_LOGIT_SCALE,
+}
+
+
+@register_model("clip_prompt", input="images", params=CLIP_PROMPT_PARAMS, decode=clip_specs)
 class ClipPromptFamily(OpenClipFamily):
     def build(self) -> nn.Module:
         template = self.cfg["encoder"]["prompt"]

@@ -2,10 +2,11 @@
 
 The DAG must name a run's decode-once image caches (:mod:`fedrepro.data.image_cache`) before any
 job runs, and building a family (it may load a CLIP) is far too slow for that. So each image family
-states here, from its config alone, the :class:`~fedrepro.data.decode.DecodeSpec` of its training
-and evaluation pipelines: the first resize its transforms apply. This module imports neither torch
-nor torchvision. ``tests/test_image_cache.py`` checks, for every image run of the full grid and the
-demo, that these specs equal :func:`fedrepro.data.decode.spec_of` of the family's real transforms.
+registers (``register_model(..., decode=...)``) a function of its config alone that gives the
+:class:`~fedrepro.data.decode.DecodeSpec` of its training and evaluation pipelines: the first resize
+its transforms apply. The functions live here. ``tests/test_image_cache.py`` checks, for every image
+run of the full grid and the demo, that they equal :func:`fedrepro.data.decode.spec_of` of the
+family's real transforms.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def clip_image_size(name: str) -> int:
     return size[0] if isinstance(size, list) else int(size)
 
 
-def _clip(cfg: dict) -> DecodeSpec:
+def _clip_encoder(cfg: dict) -> DecodeSpec:
     encoder = cfg["encoder"]
     size = encoder.get("image_size") or clip_image_size(encoder["name"])
     if encoder["preprocess"] == "resize_imagenet":
@@ -56,54 +57,44 @@ def _classifier_train(cfg: dict) -> DecodeSpec:
     return _random_crop(cfg["image_size"]) if cfg["augment"] == "standard" else _square(cfg["image_size"])
 
 
-def _classifier(cfg: dict) -> dict[str, DecodeSpec]:
+def classifier_specs(cfg: dict) -> dict[str, DecodeSpec]:
     return {"train": _classifier_train(cfg), "eval": _square(cfg["image_size"])}
 
 
-def _projected(cfg: dict) -> dict[str, DecodeSpec]:
+def projected_specs(cfg: dict) -> dict[str, DecodeSpec]:
     size = cfg["image_size"]
     evaluate = DecodeSpec(round(size * 256 / 224), "shorter", "bilinear") if cfg["eval_crop"] == "center" else _square(size)
     train = {"skin": _random_crop(size), "ich": _square(size)}.get(cfg["augment"]) or _classifier_train(cfg)
     return {"train": train, "eval": evaluate}
 
 
-def _adapter_protonet(cfg: dict) -> dict[str, DecodeSpec]:
+def adapter_protonet_specs(cfg: dict) -> dict[str, DecodeSpec]:
     size = cfg["image_size"]
     return {"train": _square(size) if cfg["augment"] == "fundus" else _classifier_train(cfg), "eval": _square(size)}
 
 
-def _vision_language(cfg: dict) -> dict[str, DecodeSpec]:
+def vlp_specs(cfg: dict) -> dict[str, DecodeSpec]:
     spec = DecodeSpec(cfg["image"]["resize"], "longer", "bicubic")   # MGCA's pad-to-square resize
     return {"train": spec, "eval": spec}
 
 
-def _clip_family(cfg: dict) -> dict[str, DecodeSpec]:
-    spec = _clip(cfg)
+def clip_specs(cfg: dict) -> dict[str, DecodeSpec]:
+    spec = _clip_encoder(cfg)
     return {"train": spec, "eval": spec}       # both papers' code trains without augmentation
-
-
-SPECS = {
-    "classifier": _classifier,
-    "proj_classifier": _projected,
-    "adapter_protonet": _adapter_protonet,
-    "vlp": _vision_language,
-    "clip_full": _clip_family,
-    "clip_lora": _clip_family,
-    "clip_prompt": _clip_family,
-    "clip_fam_images": _clip_family,
-    "clip_adapter_images": _clip_family,
-}
 
 
 def decode_specs(model: dict, draft: bool = True) -> dict[str, DecodeSpec]:
     """{"train": spec, "eval": spec} of an image family's config (its schema defaults filled);
     ``draft``: JPEGs decoded with DCT scaling (``data.jpeg_draft``)."""
-    family = model["family"]
-    if family not in SPECS:
-        raise KeyError(f"model family {family!r} declares no decode spec; add it to fedrepro.models.decoding.SPECS")
-    return {part: replace(spec, draft=draft) for part, spec in SPECS[family](model).items()}
+    from ..registry import MODELS
+
+    entry = MODELS.get(model["family"])
+    if entry["decode"] is None:
+        raise KeyError(f"model family {model['family']!r} trains on {entry['input']} and registers no decode specs "
+                       f"(register_model(..., decode=...))")
+    return {part: replace(spec, draft=draft) for part, spec in entry["decode"](model).items()}
 
 
 def encoder_decode_spec(encoder: dict) -> DecodeSpec:
     """The spec of a frozen-encoder feature cache's preprocessing (the ``features`` rule)."""
-    return _clip({"encoder": encoder})
+    return _clip_encoder({"encoder": encoder})

@@ -18,6 +18,34 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+ENCODER_SCHEMA = {   # train.model.encoder of the CLIP families
+    "description": "A frozen open_clip encoder (its image features are cached once per image where the family "
+                   "trains on features).",
+    "type": "object",
+    "additionalProperties": False,
+    "default": {},
+    "properties": {
+        "name": {"type": "string", "default": "ViT-B-16"},
+        "pretrained": {
+            "description": 'open_clip pretrained tag (e.g. openai), a local checkpoint path, or "none" (random init)',
+            "type": "string",
+            "default": "openai",
+        },
+        "preprocess": {
+            "description": "clip = open_clip's own transform (FACMIC); resize_imagenet = Resize(224x224) + ImageNet "
+                           "norm (FAA-CLIP)",
+            "enum": ["clip", "resize_imagenet"],
+            "default": "clip",
+        },
+        "image_size": {"type": "integer", "minimum": 8},
+        "prompt": {
+            "description": "Class prompt template; text features of every class are cached with the image features.",
+            "type": "string",
+            "default": "a picture of a {}",
+        },
+    },
+}
+
 
 def _open_clip():
     import open_clip
@@ -36,6 +64,27 @@ def load_open_clip(name: str, pretrained: str = "none", device: str = "cpu"):
     model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=tag, device=device)
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(name)
+
+
+_FROZEN: dict[tuple, tuple] = {}
+
+
+def frozen_clip(encoder: dict, device: str = "cpu"):
+    """-> (open_clip model with requires_grad off, its preprocess, tokenizer), loaded once per process.
+
+    A random-init model (``pretrained: none``, tests and demo) is built under the same fixed seed as the
+    feature-cache job (``fedrepro features``), so the uncached path sees the cache's encoder and every
+    run seed starts from the same "pretrained" weights; the caller's random state is left untouched.
+    """
+    from ..seeding import kept_rng_state, seed_global
+
+    key = (encoder["name"], encoder["pretrained"], device)
+    if key not in _FROZEN:
+        with kept_rng_state():
+            seed_global(0, "init")
+            model, preprocess, tokenizer = load_open_clip(encoder["name"], encoder["pretrained"], device=device)
+        _FROZEN[key] = (model.requires_grad_(False), preprocess, tokenizer)
+    return _FROZEN[key]
 
 
 def clip_image_size(model) -> int:
@@ -89,3 +138,15 @@ def create_timm(name: str, num_classes: int, pretrained: bool | str = False, **k
                          f"missing {missing[:5]}, wrong shape {wrong_shape[:5]}")
     model.load_state_dict(body, strict=False)
     return model
+
+
+def prompt_texts(template: str, class_names: list[str]) -> list[str]:
+    return [template.format(name) for name in class_names]
+
+
+def encode_prompts(model, tokenizer, template: str, class_names: list[str], device):
+    """Frozen text features of every class prompt (C x D, float32, on the CPU)."""
+    import torch
+
+    with torch.no_grad():
+        return model.encode_text(tokenizer(prompt_texts(template, class_names)).to(device)).float().cpu()

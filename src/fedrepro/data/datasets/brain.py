@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..prepare import class_folder_rows, missing_folder, preparer
+from ...registry import preparer, register_dataset
 from ..manifest import make_manifest
-from ..registry import DatasetSpec, Source, register
+from ..prepare import class_folder_rows, missing_folder
+from ..spec import DatasetSpec, Source
 
 BT_CLASSES = ("glioma_tumor", "meningioma_tumor", "no_tumor", "pituitary_tumor")
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="bt",
     title="Brain Tumor Classification (MRI), Bhuvaji et al. 2020",
     classes=BT_CLASSES,
@@ -28,7 +29,7 @@ register(DatasetSpec(
     expected_files=("Training", "Testing"),
 ))
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="bt2",
     title="Brain Tumor MRI Dataset, Nickparvar 2021 (figshare + SARTAJ + Br35H; 7,023 images)",
     classes=BT_CLASSES,
@@ -71,3 +72,21 @@ def kaggle_bt2(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
             raise missing_folder(base / folder, spec)
         rows += class_folder_rows(base / folder, raw_root, BT2_FOLDERS, split=split)
     return make_manifest(rows, spec.classes)
+
+
+# FACMIC's zero-shot transfer (Table 5): BT with BT2 as an external evaluation set. One run trains on BT
+# and scores BT2 every round (eval key ``external``): the derived dataset is BT's manifest plus BT2's
+# under the source ``bt2`` (the generic ``with_external`` preparer); the setting sets it aside with
+# ``split.external: {sources: [bt2]}`` (never trained on, never a domain-adaptation target).
+register_dataset(DatasetSpec(
+    name="bt_bt2",
+    title="BT (Bhuvaji et al.) plus BT2 (Nickparvar, 7,023 images, source 'bt2') as an external test set",
+    classes=BT_CLASSES,
+    sources=(),
+    layout="no files of its own: built from the bt and bt2 manifests",
+    prepare="with_external",
+    access="account",
+    used_by=("facmic",),
+    depends_on=("bt", "bt2"),
+    options={"base": "bt", "external": "bt2", "external_source": "bt2"},
+))

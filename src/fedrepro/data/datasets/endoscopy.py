@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...registry import preparer, register_dataset
 from ..manifest import ManifestError, make_manifest
-from ..prepare import find_file, find_folder, list_images, preparer
-from ..registry import DatasetSpec, Source, register
+from ..prepare import find_file, find_folder, list_images
+from ..spec import DatasetSpec, Source
 
 # finding folders, sorted (ImageFolder order); the tree is <organ>/<category>/<finding>/
 HYPERKVASIR_CLASSES = (
@@ -21,7 +22,7 @@ HYPERKVASIR_CLASSES = (
 )
 HYPERKVASIR_LABELS = "image-labels.csv"
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="hyperkvasir",
     title="HyperKvasir labeled images (Borgli et al. 2020): 10,662 GI endoscopy images, 23 findings",
     classes=HYPERKVASIR_CLASSES,

@@ -18,14 +18,15 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from ...registry import preparer, register_dataset
 from ..manifest import ManifestError, make_manifest
-from ..prepare import dependency_manifest, missing_folder, preparer
-from ..registry import DatasetSpec, Source, register
+from ..prepare import dependency_manifest, missing_folder
+from ..spec import DatasetSpec, Source
 
 FUNDUS_CLASSES = ("healthy", "diseased")     # DR grade 0 vs grades 1-4
 EYEPACS_QUALITIES = ("Adequate", "Good", "Excellent")
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="eyepacs",
     title="EyePACS retinal fundus photographs with clinical-site metadata (Cuadros & Bresnick 2009)",
     classes=FUNDUS_CLASSES,
@@ -48,7 +49,7 @@ register(DatasetSpec(
              "qualities": EYEPACS_QUALITIES, "crop_size": 512},
 ))
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="aptos2019",
     title="APTOS 2019 Blindness Detection (Kaggle competition), labelled training images, binary DR",
     classes=FUNDUS_CLASSES,
@@ -66,7 +67,7 @@ register(DatasetSpec(
     options={"crop_size": 512},
 ))
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="eyepacs_aptos",
     title="EyePACS sites (source = clinical site) plus APTOS 2019 (source 'aptos2019') as an external test set",
     classes=FUNDUS_CLASSES,
@@ -78,23 +79,6 @@ register(DatasetSpec(
     depends_on=("eyepacs", "aptos2019"),
     options={"base": "eyepacs", "external": "aptos2019", "external_source": "aptos2019"},
 ))
-
-register(DatasetSpec(
-    name="demo_sites",
-    title="Demo twin of eyepacs_aptos, binary like it: the sneaker and bag images of the four demo_domains "
-          "domains as sites of unequal size and class balance (inverted 30, original 30, edges 24, rotated "
-          "21 images), plus those of the demo_fashion test images (source 'fashion_test') as an external test set",
-    classes=("sneaker", "bag"),
-    sources=(),
-    layout="no files of its own: built from the demo_domains and demo_fashion manifests",
-    prepare="with_external",
-    access="bundled",
-    used_by=("demo",),
-    depends_on=("demo_domains", "demo_fashion"),
-    options={"base": "demo_domains", "external": "demo_fashion", "external_source": "fashion_test",
-             "external_split": "test", "subsample": {"edges": {"sneaker": 0.6}, "rotated": {"bag": 0.4}}},
-))
-
 
 # --------------------------------------------------------------------------------------------
 # circle cropping
@@ -283,3 +267,189 @@ def with_external(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -> pd.D
             members = frame.index[(frame["source"] == source) & (frame["class_name"] == class_name)]
             frame = frame.drop(members[int(round(fraction * len(members))):])
     return make_manifest(frame.drop(columns=["label"]).to_dict("records"), spec.classes)
+
+
+# --------------------------------------------------------------------------------------------
+# Retina: MESSIDOR (France) + BRSET (Brazil) for pre-training, mBRSET downstream
+
+DR_WORDS = {0: "no diabetic retinopathy", 1: "mild diabetic retinopathy", 2: "moderate diabetic retinopathy",
+            3: "severe diabetic retinopathy", 4: "proliferative diabetic retinopathy"}
+MESSIDOR_EDEMA = {0: "no risk of macular edema", 1: "low risk of macular edema", 2: "high risk of macular edema"}
+BRSET_EDEMA = {0: "no macular edema", 1: "macular edema"}
+
+
+def retina_caption(dr_words: str, edema_words: str) -> str:
+    """FedDRA's caption built from tabular labels: 'retinal image with {DR status} and {edema risk}'."""
+    return f"retinal image with {dr_words} and {edema_words}"
+
+
+def retina_row(path: str, source: str, dr_grade: int, edema_grade: int, edema_words: dict, **extra) -> dict:
+    """A manifest row of a retinal pre-training set: label = DR present, caption from the grades."""
+    return {"path": path, "class_name": "dr" if dr_grade > 0 else "no_dr", "source": source, "dr_grade": dr_grade,
+            "edema": int(edema_grade > 0), "edema_grade": edema_grade,
+            "caption": retina_caption(DR_WORDS[dr_grade], edema_words[edema_grade]), **extra}
+
+
+register_dataset(DatasetSpec(
+    name="messidor",
+    title="MESSIDOR (Decencière et al. 2014): 1,200 fundus images from three French departments",
+    classes=("no_dr", "dr"),
+    sources=(Source("request", "https://www.adcis.net/en/third-party/messidor/",
+                    note="register on the ADCIS page, download the 12 Base11..Base34 zips and unpack them"),),
+    layout="Base11/ ... Base34/, each with its .tif images and Annotation_BaseXX.xls (columns 'Image name', "
+           "'Ophthalmologic department', 'Retinopathy grade', 'Risk of macular edema'; a CSV export "
+           "Annotation_BaseXX.csv works too)",
+    prepare="messidor",
+    access="request",
+    homepage="https://www.adcis.net/en/third-party/messidor/",
+    citation="doi:10.5566/ias.1155",
+    used_by=("feddra",),
+    expected_files=("Base11",),
+))
+
+
+MESSIDOR_COLUMNS = ("Image name", "Retinopathy grade", "Risk of macular edema")
+
+
+def _annotation(folder: Path) -> pd.DataFrame:
+    csv = sorted(folder.glob("Annotation_*.csv"))
+    if csv:
+        table = pd.read_csv(csv[0])
+    else:
+        xls = sorted(folder.glob("Annotation_*.xls*"))
+        if not xls:
+            raise FileNotFoundError(f"{folder}: no Annotation_{folder.name}.xls (or .csv export)")
+        try:
+            table = pd.read_excel(xls[0])
+        except ImportError:
+            raise ImportError(f"reading {xls[0]} needs xlrd (pip install xlrd), or save it as "
+                              f"{xls[0].with_suffix('.csv').name} next to it") from None
+    table.columns = [str(c).strip() for c in table.columns]
+    return table
+
+
+@preparer("messidor")
+def messidor(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    base = raw_root / spec.name
+    folders = sorted(d for d in base.glob("Base*") if d.is_dir())
+    if not folders:
+        raise missing_folder(base / "Base11", spec)
+    rows = []
+    for folder in folders:
+        table = _annotation(folder)
+        missing = [c for c in MESSIDOR_COLUMNS if c not in table.columns]
+        if missing:
+            raise ManifestError(f"{folder}: annotation lacks columns {missing}; columns present: {list(table.columns)}")
+        for rec in table.to_dict("records"):
+            name = str(rec["Image name"])
+            rows.append(retina_row(f"{spec.name}/{folder.name}/{name}", "messidor", int(rec["Retinopathy grade"]),
+                                   int(rec["Risk of macular edema"]), MESSIDOR_EDEMA))
+    return make_manifest(rows, spec.classes)
+
+
+register_dataset(DatasetSpec(
+    name="brset",
+    title="BRSET 1.0.0, Brazilian Multilabel Ophthalmological Dataset (Nakayama et al. 2023): 16,266 fundus photos",
+    classes=("no_dr", "dr"),
+    sources=(
+        Source("request", "physionet.org/files/brazilian-ophthalmological/1.0.0/",
+               note="wget -r -N -c -np --user <physionet user> --ask-password "
+                    "https://physionet.org/files/brazilian-ophthalmological/1.0.0/ and move its fundus_photos/ and "
+                    "labels.csv to resources/raw/brset/"),
+    ),
+    layout="fundus_photos/<image_id>.jpg and labels.csv (or labels_brset.csv) with columns image_id, patient_id, "
+           "DR_ICDR (0-4), macular_edema (0/1), ...",
+    prepare="brset",
+    access="credentialed",
+    homepage="https://physionet.org/content/brazilian-ophthalmological/1.0.0/",
+    citation="doi:10.13026/xcxw-8198",
+    used_by=("feddra",),
+    expected_files=("fundus_photos",),
+))
+
+
+def _first_existing(base: Path, names: tuple[str, ...], spec: DatasetSpec) -> Path:
+    for name in names:
+        if (base / name).exists():
+            return base / name
+    raise missing_folder(base / names[0], spec)
+
+
+@preparer("brset")
+def brset(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    base = raw_root / spec.name
+    table = pd.read_csv(_first_existing(base, ("labels.csv", "labels_brset.csv"), spec))
+    missing = [c for c in ("image_id", "DR_ICDR", "macular_edema") if c not in table.columns]
+    if missing:
+        raise ManifestError(f"BRSET labels lack columns {missing}; columns present: {list(table.columns)}")
+    rows = []
+    for rec in table.itertuples(index=False):
+        image = str(rec.image_id)
+        image = image if image.lower().endswith((".jpg", ".jpeg", ".png")) else f"{image}.jpg"
+        rows.append(retina_row(f"{spec.name}/fundus_photos/{image}", "brset", int(rec.DR_ICDR), int(rec.macular_edema),
+                               BRSET_EDEMA, patient=str(getattr(rec, "patient_id", ""))))
+    return make_manifest(rows, spec.classes)
+
+
+register_dataset(DatasetSpec(
+    name="retina_vlp",
+    title="MESSIDOR + BRSET image-caption pairs (FedDRA's retinal pre-training: one client per source)",
+    classes=("no_dr", "dr"),
+    sources=(),
+    layout="no files of its own: built from the messidor and brset manifests",
+    prepare="retina_vlp",
+    access="request",
+    used_by=("feddra",),
+    depends_on=("messidor", "brset"),
+))
+
+
+@preparer("retina_vlp")
+def retina_vlp(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -> pd.DataFrame:
+    """The union of the two retinal manifests; ``source`` (messidor / brset) is the client."""
+    parts = [dependency_manifest(manifest_dir, spec, name) for name in spec.depends_on]
+    frame = pd.concat(parts, ignore_index=True)
+    return make_manifest(frame.drop(columns=["label"]).to_dict("records"), spec.classes)
+
+
+register_dataset(DatasetSpec(
+    name="mbrset",
+    title="mBRSET 1.0, mobile Brazilian retinal dataset (portable cameras; Wu et al. 2024): 5,164 images",
+    classes=("no_dr", "dr"),
+    sources=(
+        Source("request", "physionet.org/files/mbrset/1.0/",
+               note="wget -r -N -c -np --user <physionet user> --ask-password https://physionet.org/files/mbrset/1.0/ "
+                    "and move its images/ and labels_mbrset.csv to resources/raw/mbrset/"),
+    ),
+    layout="images/<file> and labels_mbrset.csv with columns file, patient, final_icdr (0-4), final_edema (yes/no or 1/0)",
+    prepare="mbrset",
+    access="credentialed",
+    homepage="https://physionet.org/content/mbrset/1.0/",
+    used_by=("feddra",),
+    expected_files=("images", "labels_mbrset.csv"),
+))
+
+
+def _yes_no(value) -> int:
+    text = str(value).strip().lower()
+    if text in ("yes", "1", "1.0", "true"):
+        return 1
+    if text in ("no", "0", "0.0", "false"):
+        return 0
+    raise ManifestError(f"mBRSET final_edema value {value!r} is neither yes/no nor 1/0")
+
+
+@preparer("mbrset")
+def mbrset(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    """label = DR present (final_icdr > 0); ``edema`` = final_edema as 0/1 (the second downstream
+    task reads it with label_column: edema); rows without a DR grade are left out."""
+    base = raw_root / spec.name
+    table = pd.read_csv(_first_existing(base, ("labels_mbrset.csv",), spec))
+    missing = [c for c in ("file", "final_icdr", "final_edema") if c not in table.columns]
+    if missing:
+        raise ManifestError(f"mBRSET labels lack columns {missing}; columns present: {list(table.columns)}")
+    table = table[table["final_icdr"].notna() & table["final_edema"].notna()]
+    rows = [{"path": f"{spec.name}/images/{rec.file}", "class_name": "dr" if int(rec.final_icdr) > 0 else "no_dr",
+             "dr_grade": int(rec.final_icdr), "edema": _yes_no(rec.final_edema), "patient": str(getattr(rec, "patient", ""))}
+            for rec in table.itertuples(index=False)]
+    return make_manifest(rows, spec.classes)

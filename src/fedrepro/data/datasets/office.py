@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...registry import preparer, register_dataset
 from ..manifest import ManifestError, make_manifest
-from ..prepare import class_folder_rows, find_folder, missing_folder, preparer
-from ..registry import DatasetSpec, Source, register
+from ..prepare import class_folder_rows, find_folder, missing_folder
+from ..spec import DatasetSpec, Source
 
 # class folders as the archive names them, in sorted (ImageFolder) order
 OFFICEHOME_CLASSES = (
@@ -26,7 +27,7 @@ OFFICEHOME_CLASSES = (
 OFFICEHOME_DOMAINS = {"Art": ("Art",), "Clipart": ("Clipart",), "Product": ("Product",),
                       "RealWorld": ("Real World", "RealWorld", "Real_World")}
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="officehome",
     title="Office-Home (Venkateswara et al. 2017): 15,588 images of 65 objects in 4 domains",
     classes=OFFICEHOME_CLASSES,
@@ -78,7 +79,7 @@ OFFICE31_CLASSES = (
 )
 MODERN_OFFICE31_DOMAINS = {d: (d,) for d in ("amazon", "dslr", "synthetic", "webcam")}
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="modern_office31",
     title="Modern Office-31 (Ringwald & Stiefelhagen 2021): Office-31 with a cleaned Amazon domain plus a synthetic "
           "domain from Adaptiope; 31 classes, 4 domains",

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ...registry import preparer, register_dataset
 from ...seeding import numpy_rng
 from ..manifest import ManifestError, make_manifest
-from ..prepare import class_folder_rows, dependency_manifest, find_file, find_folder, list_images, preparer
-from ..registry import DatasetSpec, Source, register
+from ..prepare import class_folder_rows, dependency_manifest, find_file, find_folder, list_images, missing_folder
+from ..spec import DatasetSpec, Source
 
 # ---------------------------------------------------------------------------------------------
 # Kaggle "Skin Cancer ISIC" (9 classes)
@@ -35,7 +36,7 @@ SC9_FOLDERS = {
 }
 SC9_ROOT = "Skin cancer ISIC The International Skin Imaging Collaboration"
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="sc9",
     title="Skin Cancer ISIC, 9 classes (Kaggle, nodoubttome): 2,357 ISIC Archive images, official Train/Test split",
     classes=tuple(SC9_FOLDERS.values()),  # the folders' alphabetical order, as ImageFolder labels them
@@ -83,7 +84,7 @@ ISIC2019_S3 = "https://isic-challenge-data.s3.amazonaws.com/2019/"  # linked fro
 ISIC2019_TRUTH = "ISIC_2019_Training_GroundTruth.csv"
 ISIC2019_META = "ISIC_2019_Training_Metadata.csv"
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="isic2019",
     title="ISIC 2019 Challenge training set: 25,331 dermoscopic images (BCN_20000, HAM10000, MSK), 8 classes",
     classes=ISIC2019_CLASSES,
@@ -159,7 +160,7 @@ HAM_CLASSES = ("akiec", "bcc", "bkl", "df", "mel", "nv", "vasc")
 HAM_DATAVERSE = "https://dataverse.harvard.edu/dataset.xhtml?persistentId=doi:10.7910/DVN/DBW86T"
 HAM_METADATA = ("HAM10000_metadata.csv", "HAM10000_metadata", "HAM10000_metadata.tab")
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="ham10000",
     title="HAM10000: 10,015 dermatoscopic images of 7,470 lesions from 4 sub-sources (Tschandl et al. 2018)",
     classes=HAM_CLASSES,
@@ -246,7 +247,7 @@ _REAL_SKIN_COMMON = dict(
     depends_on=REAL_SKIN_PARTS,
 )
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="skin_real",
     title="Multi-source skin set (FACMIC 'Real', FAA-CLIP 'SC'): sc9 / isic2019 / ham10000 as sources, "
           "7 common classes, every image once",
@@ -254,7 +255,7 @@ register(DatasetSpec(
     **_REAL_SKIN_COMMON,
 ))
 
-register(DatasetSpec(
+register_dataset(DatasetSpec(
     name="skin_real_overlap",
     title="Multi-source skin set as the papers built it: like skin_real, but ISIC 2019 keeps the HAM10000 and "
           "Kaggle SC images it contains (the same picture can be in two clients)",
@@ -313,3 +314,175 @@ def skin_real(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -> pd.DataF
     merged["lesion_id"] = merged["lesion_id"].fillna("") if "lesion_id" in merged else ""
     columns = ["path", "class_name", "source", "split", "image_id", "source_class", "lesion_id"]
     return make_manifest(merged[columns].to_dict("records"), spec.classes)
+
+
+# --------------------------------------------------------------------------------------------
+# FedIIC's "Real" (unreleased, rebuilt from the sources it names: see fediic_real below)
+
+REAL_CLASSES = ("MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC")
+REAL_SOURCES = ("ph2", "atlas", "vidir_molemax", "vidir_modern", "rosendahl")
+PH2_CLASSES = ("common_nevus", "atypical_nevus", "melanoma")
+DERM7PT_CLASSES = ("BCC", "NEV", "MEL", "MISC", "SK")   # derm7pt's own five-way diagnosis grouping
+
+# derm7pt fine diagnosis -> (derm7pt group, FedIIC Real class or None = not used)
+DERM7PT_DIAGNOSES = {
+    "basal cell carcinoma": ("BCC", "BCC"),
+    "blue nevus": ("NEV", "NV"), "clark nevus": ("NEV", "NV"), "combined nevus": ("NEV", "NV"),
+    "congenital nevus": ("NEV", "NV"), "dermal nevus": ("NEV", "NV"), "recurrent nevus": ("NEV", "NV"),
+    "reed or spitz nevus": ("NEV", "NV"),
+    "melanoma": ("MEL", "MEL"), "melanoma (in situ)": ("MEL", "MEL"), "melanoma (less than 0.76 mm)": ("MEL", "MEL"),
+    "melanoma (0.76 to 1.5 mm)": ("MEL", "MEL"), "melanoma (more than 1.5 mm)": ("MEL", "MEL"),
+    "melanoma metastasis": ("MEL", "MEL"),
+    "seborrheic keratosis": ("SK", "BKL"), "lentigo": ("MISC", "BKL"),
+    "dermatofibroma": ("MISC", "DF"), "vascular lesion": ("MISC", "VASC"),
+    "melanosis": ("MISC", None), "miscellaneous": ("MISC", None),
+}
+PH2_TO_REAL = {"common_nevus": "NV", "atypical_nevus": "NV", "melanoma": "MEL"}
+HAM_TO_REAL = {"akiec": "AK", "bcc": "BCC", "bkl": "BKL", "df": "DF", "mel": "MEL", "nv": "NV", "vasc": "VASC"}
+
+register_dataset(DatasetSpec(
+    name="ph2",
+    title="PH2 dermoscopic image database (200 images; Mendonca et al., EMBC 2013)",
+    classes=PH2_CLASSES,
+    sources=(Source("request", "https://www.fc.up.pt/addi/ph2%20database.html",
+                    note="fill in the request form on the PH2 page; the archive unpacks to PH2Dataset/"),),
+    layout="PH2Dataset/PH2_dataset.txt and PH2Dataset/PH2 Dataset images/IMD<nnn>/IMD<nnn>_Dermoscopic_Image/IMD<nnn>.bmp",
+    prepare="ph2",
+    access="request",
+    homepage="https://www.fc.up.pt/addi/ph2%20database.html",
+    citation="doi:10.1109/EMBC.2013.6610779",
+    used_by=("fediic",),
+    expected_files=("PH2Dataset/PH2_dataset.txt",),
+))
+
+register_dataset(DatasetSpec(
+    name="derm7pt",
+    title="derm7pt: dermoscopic images of the Interactive Atlas of Dermoscopy (Argenziano et al. 2000; Kawahara et al. 2019)",
+    classes=DERM7PT_CLASSES,
+    sources=(Source("request", "https://derm.cs.sfu.ca",
+                    note="register on derm.cs.sfu.ca and download release_v0.zip"),),
+    layout="release_v0/meta/meta.csv (columns diagnosis, derm, ...) and release_v0/images/<folder>/<file>",
+    prepare="derm7pt",
+    access="request",
+    homepage="https://derm.cs.sfu.ca",
+    citation="doi:10.1109/JBHI.2018.2824327",
+    used_by=("fediic",),
+    expected_files=("release_v0/meta/meta.csv",),
+))
+
+register_dataset(DatasetSpec(
+    name="fediic_real",
+    title="FedIIC 'Real': five dermoscopy sources as clients (PH2, Atlas, three HAM10000 sub-sources), "
+          "ISIC 2019 test set without overlap - rebuilt, the authors' split is unreleased",
+    classes=REAL_CLASSES,
+    sources=(),
+    layout="(derived from the manifests of ph2, derm7pt, ham10000 and isic2019)",
+    prepare="fediic_real",
+    access="request",
+    used_by=("fediic",),
+    depends_on=("ph2", "derm7pt", "ham10000", "isic2019"),
+    options={"ham_sources": ["vidir_molemax", "vidir_modern", "rosendahl"], "test_size": 3000, "seed": 0},
+))
+
+
+
+# --------------------------------------------------------------------------------------------
+# PH2 and derm7pt (Interactive Atlas of Dermoscopy)
+
+def parse_ph2_table(text: str) -> pd.DataFrame:
+    """PH2_dataset.txt ('||'-separated table with a 'Name' and a 'Clinical Diagnosis' column:
+    0 common nevus, 1 atypical nevus, 2 melanoma) -> [name, class_name]."""
+    header, rows = None, []
+    for line in text.splitlines():
+        if "||" not in line:
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("||")]
+        if header is None and cells and cells[0].lower() == "name":
+            header = [c.lower() for c in cells]
+        elif header is not None and cells and cells[0].upper().startswith("IMD"):
+            rows.append(cells)
+    if header is None or "clinical diagnosis" not in header:
+        raise ValueError("PH2_dataset.txt: no header row with 'Name' and 'Clinical Diagnosis' columns")
+    col = header.index("clinical diagnosis")
+    names = {"0": "common_nevus", "1": "atypical_nevus", "2": "melanoma"}
+    out = []
+    for cells in rows:
+        code = cells[col] if col < len(cells) else ""
+        if code not in names:
+            raise ValueError(f"PH2_dataset.txt: image {cells[0]} has clinical diagnosis {code!r}; expected 0, 1 or 2")
+        out.append({"name": cells[0], "class_name": names[code]})
+    return pd.DataFrame(out)
+
+
+@preparer("ph2")
+def prepare_ph2(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    root = raw_root / spec.name / "PH2Dataset"
+    table = root / "PH2_dataset.txt"
+    if not table.exists():
+        raise missing_folder(table, spec)
+    rows = []
+    for rec in parse_ph2_table(table.read_text(encoding="utf-8", errors="replace")).itertuples(index=False):
+        image = root / "PH2 Dataset images" / rec.name / f"{rec.name}_Dermoscopic_Image" / f"{rec.name}.bmp"
+        if not image.exists():
+            raise FileNotFoundError(f"{image} listed in {table} is missing; {spec.name} should read: {spec.layout}")
+        rows.append({"path": image.relative_to(raw_root).as_posix(), "class_name": rec.class_name, "source": "ph2"})
+    return make_manifest(rows, spec.classes)
+
+
+@preparer("derm7pt")
+def prepare_derm7pt(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    root = raw_root / spec.name / "release_v0"
+    meta_csv = root / "meta" / "meta.csv"
+    if not meta_csv.exists():
+        raise missing_folder(meta_csv, spec)
+    meta = pd.read_csv(meta_csv)
+    for column in ("diagnosis", "derm"):
+        if column not in meta.columns:
+            raise ValueError(f"{meta_csv} has no column {column!r}; columns: {list(meta.columns)}")
+    unknown = sorted(set(meta["diagnosis"].str.strip().str.lower()) - set(DERM7PT_DIAGNOSES))
+    if unknown:
+        raise ValueError(f"{meta_csv}: diagnoses {unknown} are not mapped; known: {sorted(DERM7PT_DIAGNOSES)}")
+    rows = []
+    for rec in meta.itertuples(index=False):
+        diagnosis = str(rec.diagnosis).strip().lower()
+        rows.append({"path": (root / "images" / rec.derm).relative_to(raw_root).as_posix(),
+                     "class_name": DERM7PT_DIAGNOSES[diagnosis][0], "source": "atlas", "diagnosis": diagnosis})
+    return make_manifest(rows, spec.classes)
+
+
+# --------------------------------------------------------------------------------------------
+# derived sets
+
+def image_id(path: str) -> str:
+    """ISIC image id of a path: ISIC_0024306.jpg and ISIC_0024306_downsampled.jpg -> ISIC_0024306."""
+    return Path(path).stem.replace("_downsampled", "")
+
+
+@preparer("fediic_real")
+def prepare_fediic_real(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -> pd.DataFrame:
+    opts = spec.options
+    rows = []
+    ph2 = dependency_manifest(manifest_dir, spec, "ph2")
+    rows += [{"path": r.path, "class_name": PH2_TO_REAL[r.class_name], "source": "ph2", "split": "train"}
+             for r in ph2.itertuples(index=False)]
+    atlas = dependency_manifest(manifest_dir, spec, "derm7pt")
+    rows += [{"path": r.path, "class_name": DERM7PT_DIAGNOSES[r.diagnosis][1], "source": "atlas", "split": "train"}
+             for r in atlas.itertuples(index=False) if DERM7PT_DIAGNOSES[r.diagnosis][1] is not None]
+    ham = dependency_manifest(manifest_dir, spec, "ham10000")
+    unknown = sorted(set(opts["ham_sources"]) - set(ham["source"]))
+    if unknown:
+        raise ValueError(f"fediic_real: HAM10000 sub-sources {unknown} not in the ham10000 manifest; "
+                         f"available: {sorted(set(ham['source']))}")
+    rows += [{"path": r.path, "class_name": HAM_TO_REAL[r.class_name], "source": r.source, "split": "train"}
+             for r in ham.itertuples(index=False) if r.source in opts["ham_sources"]]
+    isic = dependency_manifest(manifest_dir, spec, "isic2019")
+    ham_ids = {image_id(p) for p in ham["path"]}
+    pool = isic[isic["class_name"].isin(REAL_CLASSES) & ~isic["path"].map(image_id).isin(ham_ids)]
+    if len(pool) < opts["test_size"]:
+        raise ValueError(f"fediic_real: only {len(pool)} ISIC 2019 images outside HAM10000 for a test set of {opts['test_size']}")
+    picked = pool.iloc[np.sort(np.random.default_rng(opts["seed"]).permutation(len(pool))[: opts["test_size"]])]
+    rows += [{"path": r.path, "class_name": r.class_name, "source": "isic2019", "split": "test"}
+             for r in picked.itertuples(index=False)]
+    return make_manifest(rows, spec.classes)
+
+

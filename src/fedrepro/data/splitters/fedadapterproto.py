@@ -28,7 +28,8 @@ from collections import Counter
 
 import numpy as np
 
-from ..partition import Partition, SplitError, splitter
+from ...registry import splitter
+from ..partition import Partition, SplitError
 
 
 def ranked_sites(sources: np.ndarray, spec: dict) -> list[str]:

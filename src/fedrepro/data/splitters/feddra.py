@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..partition import SplitError, splitter
+from ...registry import splitter
+from ..partition import SplitError
 
 MAX_DRAWS = 10_000
 

@@ -1,8 +1,8 @@
-"""Every dataset the pipeline knows: where it comes from, what is in it, how to prepare it.
+"""What a dataset declaration says: where it comes from, what is in it, how to prepare it.
 
-Datasets are declared in the modules of :mod:`fedrepro.data.datasets` (one module per family of
-datasets); each calls :func:`register`. Their preparers register with ``@preparer`` in
-:mod:`fedrepro.data.prepare`.
+Datasets are declared in the modules of :mod:`fedrepro.data.datasets` (one module per imaging
+modality), each with ``register_dataset(DatasetSpec(...))``; their preparers register with
+``@preparer`` beside them (:mod:`fedrepro.registry`).
 
 A :class:`DatasetSpec` names its real sources (Kaggle, URL, DOI, PhysioNet, ...), the SHA-256 of each
 archive where one is pinned, its classes in label order, the raw layout after extraction, and the
@@ -55,7 +55,7 @@ class DatasetSpec:
     classes: tuple[str, ...]
     sources: tuple[Source, ...]
     layout: str                   # the raw layout after extraction, as the user should see it
-    prepare: str                  # preparer name in fedrepro.data.prepare.PREPARERS
+    prepare: str                  # a registered preparer (fedrepro.registry.PREPARERS)
     access: str = "open"
     homepage: str = ""
     citation: str = ""
@@ -64,7 +64,7 @@ class DatasetSpec:
     depends_on: tuple[str, ...] = ()   # derived datasets are built from other datasets' manifests
     expected_files: tuple[str, ...] = ()  # paths (relative to the dataset dir) that prove a manual placement
     options: dict = field(default_factory=dict)
-    materialise: str = ""         # offline datasets: builder name in fedrepro.data.demo.BUILDERS
+    materialise: str = ""         # offline datasets: a registered builder (fedrepro.registry.BUILDERS)
 
     def __post_init__(self):
         if self.access not in ACCESS:
@@ -73,43 +73,3 @@ class DatasetSpec:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-
-_REGISTRY: dict[str, DatasetSpec] = {}
-_loaded = False
-
-
-def register(spec: DatasetSpec) -> DatasetSpec:
-    if spec.name in _REGISTRY:
-        raise ValueError(f"dataset {spec.name!r} registered twice")
-    _REGISTRY[spec.name] = spec
-    return spec
-
-
-def _load_all() -> None:
-    """Import every module of :mod:`fedrepro.data.datasets`; each registers its datasets."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        import importlib
-        import pkgutil
-
-        from . import datasets
-
-        for info in pkgutil.iter_modules(datasets.__path__):
-            importlib.import_module(f"{datasets.__name__}.{info.name}")
-
-
-def names() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
-
-
-def get(name: str) -> DatasetSpec:
-    _load_all()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown dataset {name!r}; known: {sorted(_REGISTRY)}") from None
-
-

@@ -1,0 +1,159 @@
+"""Scoring a method's models each evaluated round: which model answers for which data, and the metrics.
+
+What a model family is for decides how it is scored (``family.task``): ``classification`` (class
+probabilities on every client's test and validation split and the global test set; ACC, BACC, F1,
+AUC, ECE) or ``retrieval`` (image-text retrieval on every client's held-out pairs; Recall@1/@5 and the
+paired embeddings' cosine similarity). The metric functions are :mod:`fedrepro.metrics`; the model side
+of retrieval (embedding a dataset, ranking within pools) is the family's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..metrics import classification_metrics
+from .federation import Federation
+
+METRICS = ("acc", "bacc", "f1", "auc", "ece")
+RETRIEVAL_METRICS = ("recall@1", "recall@5", "cos_sim")
+EVAL_SPLITS = (("", "test"), (".val", "val"))
+
+
+def evaluate(method, fed: Federation) -> tuple[dict, dict]:
+    """-> (flat metrics ``{"<eval>/<metric>": value}``, predictions ``{"<eval>": (probs, labels)}``)."""
+    task = getattr(method.family, "task", "classification") if hasattr(method, "family") else "classification"
+    if task == "retrieval":
+        return evaluate_retrieval(method, fed)
+    return evaluate_classification(method, fed)
+
+
+# --------------------------------------------------------------------------------------------
+# classification
+
+def dataset_labels(dataset) -> np.ndarray:
+    labels = dataset.labels
+    return labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+
+
+def evaluate_classification(method, fed: Federation, with_val: bool = True) -> tuple[dict, dict]:
+    """-> (flat metrics {"<eval>/<metric>": value}, predictions {"<eval>": (probs, labels)}).
+
+    Eval keys: ``<client>`` = that client's test split with the model used for it (the global model
+    unless the method is personalized), ``<client>.val`` = its validation split, ``global`` = the
+    global test set with the global model, ``<client>@global`` = a personalized client model on the
+    global test set, ``external`` / ``<client>@external`` = the same on the external evaluation set
+    (if the split has one), ``clients_mean`` / ``val_mean`` = unweighted means over clients, and
+    ``val_pooled`` = the metrics of every client's validation predictions pooled.
+    """
+    metrics, preds = {}, {}
+
+    def score(key, dataset, client):
+        if dataset is None or len(dataset) == 0:
+            return
+        probs = method.predict(dataset, client)
+        labels = dataset_labels(dataset)
+        preds[key] = (probs, labels)
+        for name, value in classification_metrics(labels, probs).items():
+            metrics[f"{key}/{name}"] = value
+
+    for client in fed.clients:
+        score(client.name, client.test, client)
+        if with_val:
+            score(f"{client.name}.val", client.val, client)
+        if method.personalized:
+            score(f"{client.name}@global", fed.global_test, client)
+            score(f"{client.name}@external", fed.external, client)
+    score("global", fed.global_test, None)
+    score("external", fed.external, None)
+    pooled = [preds[f"{c.name}.val"] for c in fed.clients if f"{c.name}.val" in preds]
+    if pooled:
+        probs, labels = np.concatenate([p for p, _ in pooled]), np.concatenate([y for _, y in pooled])
+        metrics.update({f"val_pooled/{k}": v for k, v in classification_metrics(labels, probs).items()})
+    for mean_key, suffix in (("clients_mean", ""), ("val_mean", ".val")):
+        for m in METRICS:
+            values = [metrics[f"{c.name}{suffix}/{m}"] for c in fed.clients if f"{c.name}{suffix}/{m}" in metrics]
+            if values:
+                metrics[f"{mean_key}/{m}"] = float(np.nanmean(values)) if not np.all(np.isnan(values)) else float("nan")
+    return metrics, preds
+
+
+# --------------------------------------------------------------------------------------------
+# image-text retrieval (FedDRA and its baselines)
+
+def evaluate_retrieval(method, fed) -> tuple[dict, dict]:
+    """Retrieval on every client's test (and validation) split. A personalized method (e.g.
+    decentralized training) is scored with every client's model on every client's split,
+    ``<model client>@<data client>``; a client's score is then the mean over the models, as the
+    paper reports local training ("Local.avg")."""
+    metrics: dict[str, float] = {}
+    names = [c.name for c in fed.clients]
+    if method.personalized:
+        for owner in fed.clients:
+            model = method.model_for(owner)
+            metrics.update(client_scores(method, model, fed, lambda c, o=owner: f"{o.name}@{c.name}"))
+        metrics.update(mean_over_models(metrics, names, names))
+    else:
+        model = method.model_for(None)
+        metrics.update(client_scores(method, model, fed, lambda c: c.name))
+        if fed.global_test is not None and len(fed.global_test):
+            bs, workers = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0)
+            scores = method.family.retrieval_scores(*method.family.embed_dataset(model, fed.global_test, bs, method.device, workers))
+            metrics.update({f"global/{name}": value for name, value in scores.items()})
+    metrics.update(summarise_clients(metrics, names))
+    return metrics, {}
+
+
+def client_scores(method, model, fed, key) -> dict[str, float]:
+    """Retrieval scores of ``model`` on every client's test and validation split, ``key(client) + suffix``."""
+    bs, workers, device = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0), method.device
+    metrics = {}
+    for client in fed.clients:
+        for suffix, part in EVAL_SPLITS:
+            data = getattr(client, part)
+            if data is None or len(data) == 0:
+                continue
+            scores = method.family.retrieval_scores(*method.family.embed_dataset(model, data, bs, device, workers))
+            metrics.update({f"{key(client)}{suffix}/{name}": value for name, value in scores.items()})
+    return metrics
+
+
+def mean_over_models(metrics: dict, owners: list[str], clients: list[str], prefix: str = "") -> dict[str, float]:
+    """A data client's score = the mean over the models (``<prefix><owner>@<client>``), as the
+    paper reports local training ("Local.avg")."""
+    out = {}
+    for client in clients:
+        for suffix, _ in EVAL_SPLITS:
+            for name in RETRIEVAL_METRICS:
+                values = [metrics.get(f"{prefix}{o}@{client}{suffix}/{name}") for o in owners]
+                if all(v is not None for v in values):
+                    out[f"{prefix}{client}{suffix}/{name}"] = float(np.mean(values))
+    return out
+
+
+def score_models(method, fed, states: dict[str, dict], prefix: str) -> dict[str, float]:
+    """Retrieval of extra client models (``states``: owner -> state dict, loaded into the method's
+    working model) on every client's split, ``<prefix><owner>@<client>`` and the mean over the
+    models ``<prefix><client>``."""
+    metrics: dict[str, float] = {}
+    for owner, state in states.items():
+        method.work.load_state_dict({k: v.to(method.device) for k, v in state.items()})
+        metrics.update(client_scores(method, method.work, fed, lambda c, o=owner: f"{prefix}{o}@{c.name}"))
+    metrics.update(mean_over_models(metrics, list(states), [c.name for c in fed.clients], prefix))
+    return metrics
+
+
+def summarise_clients(metrics: dict, clients: list[str]) -> dict[str, float]:
+    """``clients_mean`` (Rec.), ``clients_worst`` (Wst.) and ``clients_disparity`` (std across
+    clients) of the test scores, and ``val_mean`` of the validation scores (model selection)."""
+    out = {}
+    for name in RETRIEVAL_METRICS:
+        test = [metrics[f"{c}/{name}"] for c in clients if f"{c}/{name}" in metrics]
+        val = [metrics[f"{c}.val/{name}"] for c in clients if f"{c}.val/{name}" in metrics]
+        if test:
+            out[f"clients_mean/{name}"] = float(np.mean(test))
+            out[f"clients_worst/{name}"] = float(np.min(test))
+            out[f"clients_disparity/{name}"] = float(np.std(test))
+        if val:
+            out[f"val_mean/{name}"] = float(np.mean(val))
+    return out

@@ -1,0 +1,137 @@
+"""Every file the pipeline reads or writes, named in one place.
+
+Configuration resolution, the Snakemake rules (through ``workflow/rules/common.smk``), the training
+and downstream jobs and the report all ask these functions; nothing else spells a path. Runs, tables
+and figures carry their protocol (``clean`` or ``paper``) in the path, so results of the two protocols
+live side by side and never overwrite each other.
+
+    resources/raw/<dataset>/                              raw files (+ .complete when verified)
+    resources/manifests/<dataset>.csv                     one row per image (+ .skipped.csv)
+    resources/splits/<split>.json                         client index file (+ .counts.csv, .png)
+    resources/images/<dataset>/<decode spec>.u8           decode-once image cache (+ .index.npz)
+    resources/features/<dataset>/<encoder key>.pt         frozen-encoder feature cache
+    results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
+                                                          predictions.npz, run_manifest.json}
+    results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt while running)
+    results/downstream/<protocol>/<paper>/<setting>/<method>/seed<k>/<task>.json
+    results/embeddings/<protocol>/<paper>/<setting>/<method>/seed<k>/<figure>.npz
+    results/tables/<protocol>/<paper>/<table>.{md,csv,tex,seeds.csv}
+    results/figures/<protocol>/<paper>/<figure>.{png,pdf}
+    results/scorecards/<paper>.{md,html,csv,png}          (and all.* across papers)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RAW_DIR = "resources/raw"
+PUBLISHED_DIR = "config/published"
+RUN_FILES = ("metrics.json", "history.csv", "predictions.npz", "run_manifest.json")
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """One training job: (paper, protocol, setting, method variant, seed)."""
+
+    paper: str
+    protocol: str
+    setting: str
+    method: str
+    seed: int
+
+    @property
+    def path(self) -> str:
+        return f"{self.protocol}/{self.paper}/{self.setting}/{self.method}/seed{self.seed}"
+
+
+# ---- data --------------------------------------------------------------------------------------
+
+def raw_dir(dataset: str, root: str = RAW_DIR) -> str:
+    return f"{root}/{dataset}"
+
+
+def raw_marker(dataset: str, root: str = RAW_DIR) -> str:
+    """Written when a dataset's raw files are downloaded (or placed) and verified."""
+    return f"{root}/{dataset}/.complete"
+
+
+def manifest(dataset: str) -> str:
+    return f"resources/manifests/{dataset}.csv"
+
+
+def manifest_skipped(dataset: str) -> str:
+    return f"resources/manifests/{dataset}.skipped.csv"
+
+
+def split(split_id: str, suffix: str = ".json") -> str:
+    """``suffix``: ``.json`` (the index file), ``.counts.csv`` or ``.png``."""
+    return f"resources/splits/{split_id}{suffix}"
+
+
+def image_cache(dataset: str, spec_key: str) -> str:
+    return f"resources/images/{dataset}/{spec_key}.u8"
+
+
+def image_cache_index(pixels: str) -> str:
+    return pixels.removesuffix(".u8") + ".index.npz"
+
+
+def features(dataset: str, key: str) -> str:
+    return f"resources/features/{dataset}/{key}.pt"
+
+
+def published(relative: str) -> str:
+    """A published-values CSV named by a table's ``published:`` (relative to config/published)."""
+    return f"{PUBLISHED_DIR}/{relative}"
+
+
+# ---- runs --------------------------------------------------------------------------------------
+
+def run_dir(key: RunKey) -> str:
+    return f"results/runs/{key.path}"
+
+
+def run_file(key: RunKey, name: str = "metrics.json") -> str:
+    return f"{run_dir(key)}/{name}"
+
+
+def checkpoint_dir(key: RunKey) -> str:
+    return f"results/checkpoints/{key.path}"
+
+
+def model_file(key: RunKey) -> str:
+    return f"{checkpoint_dir(key)}/model.pt"
+
+
+def downstream(key: RunKey, task: str) -> str:
+    return f"results/downstream/{key.path}/{task}.json"
+
+
+def embedding(key: RunKey, figure: str) -> str:
+    """What a figure needs from a trained model (features, prototype patches), extracted once."""
+    return f"results/embeddings/{key.path}/{figure}.npz"
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+def table(protocol: str, paper: str, name: str, suffix: str = ".md") -> str:
+    """``suffix``: ``.md``, ``.csv``, ``.tex`` or ``.seeds.csv``."""
+    return f"results/tables/{protocol}/{paper}/{name}{suffix}"
+
+
+def figure(protocol: str, paper: str, name: str, suffix: str = ".png") -> str:
+    return f"results/figures/{protocol}/{paper}/{name}{suffix}"
+
+
+def scorecard(paper: str, suffix: str = ".html") -> str:
+    """``paper``: a paper, or ``all`` for every paper together."""
+    return f"results/scorecards/{paper}{suffix}"
+
+
+def log(kind: str, name: str) -> str:
+    return f"logs/{kind}/{name}.log"
+
+
+def as_path(value: str) -> Path:
+    return Path(value)

@@ -1,0 +1,123 @@
+"""One table or figure of one paper, built for one protocol: what a table builder or a figure drawer
+is given, and the one place report code turns (setting, method, seed) into the files it reads.
+
+A kind registers its builder together with an ``inputs(item)`` function that lists every file the
+builder reads (:mod:`fedrepro.registry`); the Snakemake rule of the table or figure declares exactly
+those, so a table or figure rebuilds from files that ``dvc pull`` brings back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .. import paths
+from ..config import ConfigError, Project
+from ..paths import RunKey
+
+
+@dataclass(frozen=True)
+class ReportItem:
+    project: Project
+    protocol: str          # the protocol the table or figure is built for
+    paper: str
+    kind: str              # "tables" or "figures"
+    name: str
+
+    @property
+    def spec(self) -> dict:
+        return self.project.papers[self.paper][self.kind][self.name]
+
+    @property
+    def seeds(self) -> list[int]:
+        return self.project.seeds
+
+    @property
+    def title(self) -> str:
+        return self.spec.get("title", self.name)
+
+    # ---- labels ------------------------------------------------------------------------------
+    def method_label(self, method: str) -> str:
+        return self.project.papers[self.paper]["methods"][method].get("label", method)
+
+    def setting_label(self, setting: str) -> str:
+        return self.project.papers[self.paper]["settings"][setting].get("label", setting)
+
+    def classes(self, setting: str) -> list[str]:
+        from ..registry import DATASETS
+
+        return list(DATASETS.get(self.project.papers[self.paper]["settings"][setting]["dataset"]).obj.classes)
+
+    # ---- runs ----------------------------------------------------------------------------------
+    def key(self, setting: str, method: str, seed: int) -> RunKey:
+        """The run behind (setting, method, seed) here: the item's protocol unless the setting pins one."""
+        return RunKey(self.paper, self.project.protocol(self.paper, setting, self.protocol), setting, method, seed)
+
+    def run_file(self, setting: str, method: str, seed: int, name: str = "metrics.json") -> Path:
+        return require(paths.run_file(self.key(setting, method, seed), name))
+
+    def figure_runs(self) -> list[RunKey]:
+        return self.project.figure_runs(self.paper, self.name, self.protocol)
+
+    def split_counts(self, setting: str, seed: int | None = None) -> pd.DataFrame:
+        """The client x class count table of ``setting``'s split (under the first seed by default)."""
+        seed = self.seeds[0] if seed is None else seed
+        return pd.read_csv(require(paths.split(self.project.split_id(self.paper, setting, seed), ".counts.csv")))
+
+    def table_csv(self, table: str) -> Path:
+        return require(paths.table(self.protocol, self.paper, table, ".csv"))
+
+    def embedding(self, setting: str, method: str, seed: int) -> Path:
+        return require(paths.embedding(self.key(setting, method, seed), self.name))
+
+    # ---- options -------------------------------------------------------------------------------
+    def options(self, needs: tuple[str, ...] = (), defaults: dict | None = None) -> dict:
+        """``spec.options`` with ``defaults`` filled in; missing keys of the spec or unknown options are
+        errors that name the table or figure and what is allowed."""
+        missing = [k for k in needs if not self.spec.get(k)]
+        if missing:
+            raise ConfigError(f"{self.kind}/{self.name} (kind {self.spec.get('kind')}) needs {missing}")
+        given = self.spec.get("options") or {}
+        unknown = sorted(set(given) - set(defaults or {}))
+        if unknown:
+            raise ConfigError(f"{self.kind}/{self.name}/options: unknown key(s) {unknown} for kind "
+                              f"{self.spec.get('kind')}; allowed: {sorted(defaults or {})}")
+        return (defaults or {}) | given
+
+
+def require(path: str | Path) -> Path:
+    """``path``, or a FileNotFoundError that says which rule builds it."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: build it first (snakemake {path}), or pull it "
+                                f"(scripts/dvc-results.py pull)")
+    return path
+
+
+# ---- what rules read: helpers for the kinds' ``inputs`` functions -------------------------------
+
+def run_inputs(*names: str):
+    """``inputs`` of a kind that reads ``names`` (e.g. metrics.json, history.csv) of every run of its
+    settings x methods x seeds."""
+    def inputs(item: ReportItem) -> list[str]:
+        return [paths.run_file(key, name) for key in item.figure_runs() for name in names]
+    return inputs
+
+
+def split_count_inputs(all_seeds: bool = False):
+    """``inputs`` of a kind that reads the split count files of its ``settings`` (first seed, or every seed)."""
+    def inputs(item: ReportItem) -> list[str]:
+        seeds = item.seeds if all_seeds else item.seeds[:1]
+        ids = dict.fromkeys(item.project.split_id(item.paper, s, seed) for s in item.spec.get("settings", []) for seed in seeds)
+        return [paths.split(split_id, ".counts.csv") for split_id in ids]
+    return inputs
+
+
+def embedding_inputs(first_seed_only: bool = True):
+    """``inputs`` of a figure drawn from what the ``embed`` rule extracted from trained models."""
+    def inputs(item: ReportItem) -> list[str]:
+        keys = [k for k in item.figure_runs() if not first_seed_only or k.seed == item.seeds[0]]
+        return [paths.embedding(key, item.name) for key in keys]
+    return inputs

@@ -1,0 +1,23 @@
+# Downstream evaluations of pre-trained checkpoints (FedDRA: few-shot linear probes, U-Net segmentation).
+# One job = one pre-training run x one task; a table cell with `task:` reads its result.
+
+
+rule downstream:
+    """Load a pre-trained checkpoint, freeze its image encoder, train the task's head on a fraction
+    of the downstream training split, and score it on the test split."""
+    input:
+        unpack(downstream_inputs),
+    output:
+        result=paths.downstream(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "{task}"),
+    params:
+        job=lambda wc: json.dumps(downstream_job(wc), sort_keys=True),
+        config_hash=lambda wc: downstream_job(wc)["config_hash"],
+    resources:
+        gpu=1,
+    log:
+        paths.log("downstream", "{protocol}/{paper}/{setting}/{method}/seed{seed}/{task}"),
+    conda:
+        ENV
+    shell:
+        "export CUBLAS_WORKSPACE_CONFIG=:4096:8; "
+        "fedrepro downstream --job {params.job:q} --out {output.result} 2> {log}"
