@@ -463,7 +463,7 @@ def test_demo_configs_end_to_end(demo_data, monkeypatch):
 
     monkeypatch.chdir(demo_data)
     project = load_project([REPO / "config/demo.yaml"], {"papers": ["facmic", "faa_clip"]}, root=REPO)
-    keys = [project.run_key("facmic", "bt_iid", "facmic", 0), project.run_key("facmic", "bt_iid_paper", "facmic", 0),
+    keys = [project.run_key("facmic", "bt_iid", "facmic", 0), project.run_key("facmic", "bt_iid", "facmic", 0, "paper"),
             project.run_key("faa_clip", "oh_acp_r", "faa_clip", 0)]
     for key in keys:
         run = project.run_config(key)

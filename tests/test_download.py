@@ -4,7 +4,6 @@ import json
 import zipfile
 
 import pytest
-from fedrepro.data.spec import DatasetSpec, Source
 
 from fedrepro.data.download import (
     ChecksumMismatch,
@@ -15,6 +14,7 @@ from fedrepro.data.download import (
     kaggle_credentials,
     verify_archive,
 )
+from fedrepro.data.spec import DatasetSpec, Source
 from fedrepro.io import sha256_file
 
 

@@ -1,4 +1,4 @@
-"""FedAdapterProto (spec §5): losses and updates against hand-computed values, the model's parts,
+"""FedAdapterProto (docs/papers/fedadapterproto.md): losses and updates against hand-computed values, the model's parts,
 FedNova / FedProto, the site split (correct and the authors' leaking indexing), the fundus data
 preparers, the class-balanced sampler, and one end-to-end run of the demo config with its figure."""
 

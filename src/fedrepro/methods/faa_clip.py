@@ -1,4 +1,4 @@
-"""FAA-CLIP (Wu, Wang, Ben Ayed, Desrosiers, Chaves, "FAA-CLIP: Federated Adversarial Adaptation of CLIP",
+"""FAA-CLIP (Wu, Chaddad, Desrosiers, Daqqaq, Kateb, "FAA-CLIP: Federated Adversarial Adaptation of CLIP",
 journal extension of FACMIC; paper text vs code: docs/papers/faa_clip.md).
 
 Each client i trains the feature attention module att_i of FACMIC (:mod:`fedrepro.models.fam`) with the same

@@ -1,4 +1,4 @@
-"""FACMIC (Wu, Wang, Ben Ayed, Desrosiers, Chaves, "FACMIC: Federated Adaptative CLIP Model for
+"""FACMIC (Wu, Desrosiers, Chaddad, "FACMIC: Federated Adaptative CLIP Model for
 Medical Image Classification", MICCAI 2024; paper text vs code: docs/papers/facmic.md).
 
 Each client trains a feature attention module a_i on frozen CLIP image features (:mod:`fedrepro.models.fam`)

@@ -1,5 +1,5 @@
 """FedNova (Wang, Liu, Liang, Joshi and Poor, "Tackling the Objective Inconsistency Problem in
-Heterogeneous Federated Optimization", NeurIPS 2020), a baseline of FedAdapterProto (spec §5.4).
+Heterogeneous Federated Optimization", NeurIPS 2020), a baseline of FedAdapterProto (docs/papers/fedadapterproto.md).
 
 Clients that run different numbers of local steps tau_i pull a weighted average of their models
 towards the objective of the clients that worked most. FedNova normalises each client's update by

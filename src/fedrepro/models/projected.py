@@ -1,4 +1,5 @@
-"""A timm classifier with a contrastive projection head, trained on multi-view batches (FedIIC, spec §3.1-3.2).
+"""A timm classifier with a contrastive projection head, trained on multi-view batches (FedIIC;
+docs/papers/fediic.md).
 
 The network is the classifier of :class:`~fedrepro.models.families.TimmClassifierNet` (backbone g ->
 dropout -> linear head f) plus a projector h fed with the pooled features *before* dropout, as in
@@ -11,7 +12,7 @@ image, stacked (``batch["x"]``: B x 2 x C x H x W). :meth:`ProjectedClassifierFa
 both views through the network in one pass (BatchNorm sees all 2B images, as in the code), returns
 the first view's logits as the classification output and keeps every view's features for the
 projector (:meth:`ProjectedClassifierFamily.project`, view-major order: all first views, then all
-second views). Augmentations (spec §3.3):
+second views). Augmentations (FedIIC's code):
 
 - ``skin`` (ISIC, Real): view 1 = RandomResizedCrop(scale 0.08-1) + flip + ColorJitter(0.4, 0.4,
   0.4) + RandAugment ``rand-n2-m10-mstd0.5``; view 2 = SimCLR's (RandomResizedCrop + flip +
@@ -180,7 +181,7 @@ PROJ_CLASSIFIER_PARAMS = {
 
 @register_model("proj_classifier", input="images", params=PROJ_CLASSIFIER_PARAMS, decode=projected_specs)
 class ProjectedClassifierFamily(TimmClassifierFamily):
-    """Family ``proj_classifier`` (schema: workflow/schemas/methods/fediic.yaml)."""
+    """Family ``proj_classifier``: a timm classifier with a projection head (params: PROJ_CLASSIFIER_PARAMS)."""
 
     def build(self) -> nn.Module:
         backbone = build_backbone(self.cfg["backbone"], self.cfg["pretrained"], self.cfg["in_chans"])
