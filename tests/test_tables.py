@@ -47,3 +47,155 @@ def test_demo_twins_select_like_the_full_configs(paper):
 def test_one_round_on_a_missing_eval_set_is_an_error(tmp_path):
     with pytest.raises(KeyError, match="one_round on nowhere/acc"):
         one_round(_run(tmp_path), tmp_path, {"rule": "one_round", "eval": "nowhere", "metric": "acc"})
+
+
+# --------------------------------------------------------------------------------------------
+# what a rendered table shows: Δ, published values where ours are missing, marks of derived published
+# values (from the published CSV), the note and the demo warning, for every table kind
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+P = "minipaper"
+PUBLISHED_CSV = """# a published table for the tests
+# * derived by fedrepro: expanded from the paper's formula.
+row,A,B
+FedAvg,60.00,45.61
+FedCLIP,70.00*,
+"""
+PAPER = {
+    "paper": P, "title": "table test",
+    "defaults": {"rounds": 2, "batch_size": 8, "optimizer": {"name": "adam", "lr": 1e-3},
+                 "model": {"family": "clip_adapter",
+                           "encoder": {"name": "fedrepro-tiny-clip", "pretrained": "none", "preprocess": "clip"}}},
+    "settings": {"iid": {"dataset": "demo_fashion", "label": "IID", "split": {"kind": "iid", "clients": 2}}},
+    "methods": {"fedavg": {"label": "FedAvg"}, "fedclip": {"label": "FedCLIP"}},
+    "tables": {
+        "acc": {"title": "Accuracy", "published": f"{P}/acc.csv", "note": "NOTE-OF-RUNS.",
+                "rows": [{"method": "fedavg", "setting": "iid", "only": ["A"]}, {"method": "fedclip", "setting": "iid"}],
+                "columns": [{"label": "A", "eval": "global"}, {"label": "B", "eval": "client0"}]},
+        "counts": {"kind": "split_counts", "settings": ["iid"], "published": f"{P}/counts.csv",
+                   "note": "NOTE-OF-COUNTS."},
+        "balance": {"kind": "class_balance", "settings": ["iid"], "note": "NOTE-OF-BALANCE."},
+    },
+}
+
+
+def _mini_project(root: Path, paper_dir: str, published: str = PUBLISHED_CSV):
+    from fedrepro.config import Project
+
+    if not (root / "workflow").exists():
+        (root / "workflow").symlink_to(REPO / "workflow")
+    (root / paper_dir).mkdir(parents=True, exist_ok=True)
+    (root / paper_dir / f"{P}.yaml").write_text(yaml.safe_dump(PAPER))
+    (root / "config/published" / P).mkdir(parents=True, exist_ok=True)
+    (root / "config/published" / P / "acc.csv").write_text(published)
+    (root / "config/published" / P / "counts.csv").write_text("row,IID\nclient0,10\nclient1,9*\n# * assembled.\n")
+    project = Project({"papers": [P], "paper_dir": paper_dir, "seeds": [0, 1]}, root=root)
+    for method, acc in (("fedavg", 0.62), ("fedclip", 0.65)):
+        for seed in (0, 1):
+            out = root / "results/runs/clean" / P / "iid" / method / f"seed{seed}"
+            out.mkdir(parents=True, exist_ok=True)
+            value = acc + 0.01 * seed
+            (out / "metrics.json").write_text(json.dumps({
+                "run": {"protocol": "clean"}, "selection": {"rule": "best_val"},
+                "eval": {"global": {"acc": value}, "client0": {"acc": value - 0.1}}}))
+    from fedrepro.registry import dataset
+
+    classes = list(dataset("demo_fashion").classes)
+    counts = pd.DataFrame([{"client": c, **{k: 1 + i + j for j, k in enumerate(classes)}} for i, c in
+                           enumerate(["client0", "client1", "global_test"])])
+    counts["train"], counts["val"], counts["test"] = [8, 7, 0], [1, 1, 0], [1, 1, 20]
+    counts["total"] = counts[["train", "val", "test"]].sum(axis=1)
+    path = root / "resources/splits" / f"{project.split_id(P, 'iid', 0)}.counts.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    counts.to_csv(path, index=False)
+    return project
+
+
+def _render(project, table):
+    from fedrepro.report.tables import make_table, render_latex, render_markdown, table_item
+
+    result = make_table(table_item(project, "clean", P, table))
+    return result, render_markdown(result, "std"), render_latex(result, "std")
+
+
+def test_rendered_tables_show_delta_and_published_values_where_ours_are_missing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result, md, tex = _render(_mini_project(tmp_path, "papers"), "acc")
+    # FedAvg A: 62, 63 -> 62.50 ± 0.71, published 60 -> Δ +2.50; FedAvg has no B cell, the published 45.61 stays
+    assert "| FedAvg | 62.50 ± 0.71 (60.00)<br>Δ +2.50 | – (45.61) |" in md
+    assert r"62.50 $\pm$ 0.71 (60.00) \\ {\footnotesize $\Delta$ +2.50}" in tex
+    assert "-- (45.61)" in tex
+    # FedCLIP B: 55, 56 against nothing published: no parentheses, no Δ
+    assert "| 55.50 ± 0.71 |" in md
+    assert "Δ = ours − published." in result.caption
+    cell = result.summary.set_index(["row", "column"]).loc[("FedAvg", "B")]
+    assert cell["n"] == 0 and cell["published"] == 45.61
+
+
+def test_derived_published_values_are_marked_from_the_csv_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result, md, tex = _render(_mini_project(tmp_path, "papers"), "acc")
+    assert "(70.00*)" in md and r"(70.00$^{*}$)" in tex
+    assert "* derived by fedrepro: expanded from the paper's formula." in result.caption
+    rows = result.summary.set_index(["row", "column"])
+    assert rows.loc[("FedCLIP", "A"), "derived"] and not rows.loc[("FedAvg", "A"), "derived"]
+    assert rows.loc[("FedCLIP", "A"), "published_note"] == "derived by fedrepro: expanded from the paper's formula."
+    # the same CSV without the mark: no mark, no footnote in the caption (an unused footnote is not printed)
+    unmarked = tmp_path / "unmarked"
+    unmarked.mkdir()
+    monkeypatch.chdir(unmarked)
+    result, md, _ = _render(_mini_project(unmarked, "papers", PUBLISHED_CSV.replace("70.00*", "70.00")), "acc")
+    assert "(70.00)" in md and "(70.00*)" not in md and "derived by fedrepro" not in md
+    assert not result.summary["derived"].any()
+
+
+def test_the_scorecard_carries_the_mark_and_its_footnote(tmp_path, monkeypatch):
+    from fedrepro.report import scorecard
+    from fedrepro.report.tables import write_table
+
+    monkeypatch.chdir(tmp_path)
+    result, _, _ = _render(_mini_project(tmp_path, "papers"), "acc")
+    write_table(result, tmp_path / "acc.md", "std")
+    card = scorecard.build([(P, "acc", "clean", tmp_path / "acc.csv")])
+    derived = card[card["derived"]]
+    assert derived[["row", "column"]].values.tolist() == [["FedCLIP", "A"]]
+    md = scorecard.render_markdown(card, "card")
+    assert "| acc | clean | FedCLIP | A | 65.50 |" in md and "| 70.00* |" in md
+    assert f"* {P} acc: derived by fedrepro: expanded from the paper's formula." in md
+
+
+def test_a_mark_without_footnote_and_a_non_number_are_errors_naming_the_cell(tmp_path):
+    from fedrepro.report.published import PublishedError, parse_published
+
+    with pytest.raises(PublishedError, match=r"x\.csv: row 'FedAvg', column 'A' is marked '\*' but .* '# \* "):
+        parse_published("row,A\nFedAvg,1.5*\n", "x.csv")
+    with pytest.raises(PublishedError, match=r"x\.csv: row 'FedAvg', column 'A': '2xSigma' is not a number"):
+        parse_published("row,A\nFedAvg,2xSigma\n", "x.csv")
+    parsed = parse_published("# † from the text\nrow,A,B\nFedAvg,1.5†,-2e-1\n", "x.csv")
+    assert parsed.values == {("FedAvg", "A"): 1.5, ("FedAvg", "B"): -0.2} and parsed.mark(("FedAvg", "A")) == "†"
+
+
+def test_every_table_kind_renders_its_note_and_the_demo_warning(tmp_path, monkeypatch):
+    from fedrepro.registry import TABLE_KINDS
+    from fedrepro.report.tables import DEMO_WARNING
+
+    monkeypatch.chdir(tmp_path)
+    demo = _mini_project(tmp_path, "config/demo")
+    full = _mini_project(tmp_path, "papers")
+    kinds = {spec.get("kind", "runs"): name for name, spec in PAPER["tables"].items()}
+    assert set(kinds) == set(TABLE_KINDS.names()), "add a table of the new kind to PAPER"
+    for kind, table in kinds.items():
+        note = PAPER["tables"][table]["note"]
+        result, md, tex = _render(demo, table)
+        assert note in md and DEMO_WARNING in md, kind
+        assert note in tex and "DEMO DATA AND TINY MODELS" in tex, kind
+        _, md, _ = _render(full, table)
+        assert note in md and DEMO_WARNING not in md, kind
+    # the count table's published counts and their mark
+    result, md, _ = _render(full, "counts")
+    assert "| client1 | 7 (9*)<br>Δ −2 |" in md and "* assembled." in result.caption

@@ -125,6 +125,7 @@ def cmd_figure(args) -> None:
 def cmd_scorecard(args) -> None:
     from . import paths
     from .report import scorecard
+    from .report.item import is_demo
 
     project = _project(args)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
@@ -132,8 +133,8 @@ def cmd_scorecard(args) -> None:
               for protocol, paper, table in project.tables() if paper in papers]
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
-    demo = Path(project.config["paper_dir"]).name == "demo"
-    scorecard.write(scorecard.build(tables), title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), demo)
+    scorecard.write(scorecard.build(tables), title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")),
+                    is_demo(project))
 
 
 def cmd_embed(args) -> None:

@@ -87,6 +87,12 @@ class ReportItem:
         return (defaults or {}) | given
 
 
+def is_demo(project: Project) -> bool:
+    """Whether ``project`` is the demo configuration (its paper files in config/demo): its tables and
+    scorecards say that their numbers are not comparable to the papers'."""
+    return Path(project.config["paper_dir"]).name == "demo"
+
+
 def require(path: str | Path) -> Path:
     """``path``, or a FileNotFoundError that says which rule builds it."""
     path = Path(path)

@@ -10,7 +10,8 @@ difference (ours − published) and a verdict:
 - ``not run``  the paper printed a value, we have none.
 
 Cells whose published value the project derived or assembled (formulas expanded, values taken from
-another table) are marked ``derived`` by the published CSV itself (see :mod:`fedrepro.report.tables`).
+another table) are marked ``derived`` by the published CSV itself (:mod:`fedrepro.report.published`); the
+table CSV carries the mark and its footnote, and the scorecard prints both.
 One line per paper says how many cells reproduced ("12 of 40 cells within the 95% interval"). The
 scorecard is written as Markdown, HTML (with a figure: published vs ours, one point per cell with its
 interval, the diagonal drawn) and CSV.
@@ -32,7 +33,7 @@ VERDICTS = ("reproduced", "above", "below", "no interval", "not run")
 VERDICT_COLOURS = {"reproduced": "#2e7d32", "above": "#ef6c00", "below": "#c62828", "no interval": "#757575",
                    "not run": "#757575"}
 COLUMNS = ["paper", "table", "protocol", "row", "column", "mean", "ci_low", "ci_high", "n", "published",
-           "delta", "verdict", "derived"]
+           "delta", "verdict", "derived", "published_mark", "published_note"]
 
 
 def verdict(mean: float, half_width: float, n: int, published: float) -> str:
@@ -53,11 +54,16 @@ def cells(table_csv: str | Path, paper: str, table: str, protocol: str) -> pd.Da
     frame = frame[frame["published"].notna()]
     if "derived" not in frame:
         frame = frame.assign(derived=False)
+    for column in ("published_mark", "published_note"):
+        frame[column] = frame[column].fillna("").astype(str) if column in frame else ""
+    frame["derived"] = frame["derived"].astype(bool)
+    frame.loc[frame["derived"] & (frame["published_mark"] == ""), "published_mark"] = "*"
     out = pd.DataFrame({
         "paper": paper, "table": table, "protocol": protocol, "row": frame["row"], "column": frame["column"],
         "mean": frame["mean"], "ci_low": frame["mean"] - frame["ci95"], "ci_high": frame["mean"] + frame["ci95"],
         "n": frame["n"].astype(int), "published": frame["published"],
-        "delta": frame["mean"] - frame["published"], "derived": frame["derived"].astype(bool),
+        "delta": frame["mean"] - frame["published"], "derived": frame["derived"],
+        "published_mark": frame["published_mark"], "published_note": frame["published_note"],
     })
     out["verdict"] = [verdict(m, h, n, p) for m, h, n, p in zip(frame["mean"], frame["ci95"], out["n"], frame["published"])]
     return out[COLUMNS].reset_index(drop=True)
@@ -88,12 +94,20 @@ def _fmt(value: float, decimals: int = 2) -> str:
 def _rows(card: pd.DataFrame) -> list[list[str]]:
     return [[r.table, r.protocol, r.row, r.column, _fmt(r.mean),
              f"[{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]" if r.n > 1 else "–", str(r.n),
-             _fmt(r.published) + ("*" if r.derived else ""), _fmt(r.delta), r.verdict] for r in card.itertuples()]
+             _fmt(r.published) + r.published_mark, _fmt(r.delta), r.verdict] for r in card.itertuples()]
 
 
 HEADER = ["table", "protocol", "row", "column", "ours (mean)", "95% interval", "n", "published", "ours − published", "verdict"]
-FOOTNOTE = ("* the published value was derived or assembled by this project (see the table's caption); "
-            "intervals are 95% t-intervals over seeds.")
+FOOTNOTE = "Intervals are 95% t-intervals of the mean over seeds."
+
+
+def footnotes(card: pd.DataFrame) -> list[str]:
+    """One line per (paper, table, mark) of the derived published values on the card: what the published
+    CSV's footnote says the mark means."""
+    derived = card[card["derived"]] if len(card) else card
+    seen = dict.fromkeys((r.paper, r.table, r.published_mark, r.published_note) for r in derived.itertuples())
+    return [f"{mark} {paper} {table}: {note or 'the published value was derived or assembled by this project'}"
+            for paper, table, mark, note in seen]
 
 
 def render_markdown(card: pd.DataFrame, title: str, demo: bool = False) -> str:
@@ -102,7 +116,7 @@ def render_markdown(card: pd.DataFrame, title: str, demo: bool = False) -> str:
         lines += ["**Demo data and small models: a verdict here says nothing about the papers.**", ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(card)]
-    return "\n".join(lines + ["", FOOTNOTE, ""])
+    return "\n".join(lines + [""] + [f"{line}  " for line in footnotes(card)] + [FOOTNOTE, ""])
 
 
 def render_html(card: pd.DataFrame, title: str, figure: str | None, demo: bool = False) -> str:
@@ -119,8 +133,9 @@ def render_html(card: pd.DataFrame, title: str, figure: str | None, demo: bool =
         parts.append("<p><b>Demo data and small models: a verdict here says nothing about the papers.</b></p>")
     if figure:
         parts.append(f"<img id='scorecard-figure' src='{html.escape(figure)}' alt='published vs ours' style='max-width:900px'>")
+    notes = "".join(f"{html.escape(line)}<br>" for line in footnotes(card))
     parts += [f"<table id='scorecard'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
-              f"<p>{html.escape(FOOTNOTE)}</p></body></html>"]
+              f"<p id='footnotes'>{notes}{html.escape(FOOTNOTE)}</p></body></html>"]
     return "\n".join(parts)
 
 

@@ -5,10 +5,15 @@ Table kinds (registered with :func:`fedrepro.registry.register_table_kind`, each
 per client from the split files) and ``class_balance`` (clients, images and imbalance ratio per setting).
 
 Outputs for ``results/tables/<protocol>/<paper>/<table>``:
-    .csv        one row per cell: mean, std, se, ci95, n, published, delta (ours - published)
+    .csv        one row per cell: mean, std, se, ci95, n, published, delta (ours - published), derived,
+                published_mark and published_note (a published value this project derived or assembled:
+                the mark and footnote of the published CSV, :mod:`fedrepro.report.published`)
     .seeds.csv  every per-seed value that went into a cell (long format)
-    .md / .tex  the table as papers print it: "mean ± err (published)", with a caption that says
-                what ± is, how many seeds, which protocol and which model-selection rule produced it
+    .md / .tex  the table as papers print it: "mean ± err (published)" and, on a second line, "Δ ours −
+                published"; "– (published)" where we have no value; a caption that says what ± is, how
+                many seeds, which protocol and which model-selection rule produced it, what the marks of
+                derived published values mean, the table's ``note`` and, for the demo, that its numbers
+                are not comparable (every table kind ends its caption with :func:`caption_notes`)
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ from .. import paths
 from ..config import Project, resolve_cell
 from ..io import read_json, write_csv, write_text
 from ..registry import TABLE_KINDS, register_table_kind
-from .item import ReportItem, require, split_count_inputs
+from .item import ReportItem, is_demo, require, split_count_inputs
+from .published import Published, read_published
 from .stats import ERROR_BARS, summarise
+
+SUMMARY_COLUMNS = ["row", "column", "mean", "std", "se", "ci95", "n", "published", "delta", "derived", "published_mark",
+                   "published_note"]
 
 
 @dataclass
@@ -34,7 +43,7 @@ class TableResult:
     title: str
     rows: list[str]
     columns: list[str]
-    summary: pd.DataFrame       # row, column, mean, std, se, ci95, n, published, delta
+    summary: pd.DataFrame       # row, column, mean, std, se, ci95, n, published, delta, derived, published_mark/_note
     seeds: pd.DataFrame         # row, column, seed, value
     caption: str
     decimals: int
@@ -51,21 +60,6 @@ def metric_value(metrics: dict, eval_key: str, metric: str) -> float:
     except KeyError:
         available = sorted(metrics.get("eval", {}))
         raise KeyError(f"metrics have no {eval_key}/{metric}; eval sets available: {available}") from None
-
-
-def read_published(path: Path | None) -> dict[tuple[str, str], float]:
-    if path is None or not path.exists():
-        return {}
-    frame = pd.read_csv(path, comment="#", dtype={"row": str})
-    out = {}
-    for _, rec in frame.iterrows():
-        for col in frame.columns:
-            if col != "row" and not pd.isna(rec[col]):
-                try:
-                    out[(str(rec["row"]), col)] = float(rec[col])
-                except ValueError:
-                    pass  # non-numeric published entries (e.g. "2xSigma") are shown as text by notes
-    return out
 
 
 def one_round(metrics: dict, folder: Path, selection: dict | None) -> dict:
@@ -109,8 +103,18 @@ def counts_inputs(item: ReportItem) -> list[str]:
     return split_count_inputs()(item) + published_inputs(item)
 
 
-def _published(item: ReportItem) -> dict[tuple[str, str], float]:
-    return read_published(Path(paths.published(item.spec["published"])) if item.spec.get("published") else None)
+def _published(item: ReportItem) -> Published:
+    return read_published(paths.published(item.spec["published"]) if item.spec.get("published") else None)
+
+
+def cell_record(row: str, column: str, values: list[float], published: Published) -> dict:
+    """One row of a table's CSV: our summary over seeds beside the published value (and its mark)."""
+    stats = summarise(values)
+    pub = published.get((row, column))
+    mark = published.mark((row, column))
+    return {"row": row, "column": column, **stats, "published": pub,
+            "delta": stats["mean"] - pub if not math.isnan(pub) else math.nan,
+            "derived": bool(mark), "published_mark": mark, "published_note": published.footnotes.get(mark, "")}
 
 
 @register_table_kind("runs", inputs=runs_inputs)
@@ -156,10 +160,7 @@ def build_table(item: ReportItem) -> TableResult:
     for row_label in row_labels:
         for col_label in col_labels:
             vals = seeds_frame[(seeds_frame.row == row_label) & (seeds_frame.column == col_label)]["value"]
-            stats = summarise(vals.tolist())
-            pub = published.get((row_label, col_label), math.nan)
-            records.append({"row": row_label, "column": col_label, **stats, "published": pub,
-                            "delta": stats["mean"] - pub if not math.isnan(pub) else math.nan})
+            records.append(cell_record(row_label, col_label, vals.tolist(), published))
     summary = pd.DataFrame(records)
     bars = project.config["report"]["error_bars"]
     caption = make_caption(spec, table, project, protocols, rules, bars, len(seeds))
@@ -182,28 +183,56 @@ def make_caption(spec: dict, table: str, project: Project, protocols: set, rules
                                         f"(selected on the test set)",
                      "last_k_mean": "mean of the last rounds"}
         parts.append("Model selection: " + "; ".join(described.get(r, r) for r in sorted(rules)) + ".")
-    if Path(project.config["paper_dir"]).name == "demo":
-        parts.append("DEMO DATA AND TINY MODELS: these numbers exercise the pipeline and are not comparable to the paper.")
-    if spec.get("note"):
-        parts.append(spec["note"])
     return " ".join(parts)
 
 
-def _cell_text(rec, bars: str, decimals: int) -> str:
+DEMO_WARNING = "DEMO DATA AND TINY MODELS: these numbers exercise the pipeline and are not comparable to the paper."
+
+
+def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
+    """What every table's caption ends with, whatever its kind: what Δ is, the footnotes of the
+    derived published values it shows (from the published CSV), the table's ``note`` and, for the
+    demo configuration, that its numbers are not comparable to the paper."""
+    parts = []
+    if summary["delta"].notna().any():
+        parts.append("Δ = ours − published.")
+    marked = summary[summary["published_mark"] != ""] if len(summary) else summary
+    for mark, note in dict(zip(marked["published_mark"], marked["published_note"])).items():
+        parts.append(f"{mark} {note.rstrip('.')}.")
+    if item.spec.get("note"):
+        parts.append(item.spec["note"])
+    if is_demo(item.project):
+        parts.append(DEMO_WARNING)
+    return " ".join(parts)
+
+
+def _number(value: float, decimals: int) -> str:
+    return f"{value:.{decimals}f}"
+
+
+def cell_lines(rec, bars: str, decimals: int) -> list[str]:
+    """A cell as printed: "mean ± err (published)" ("–" for our mean where there is none; the published
+    value keeps its mark), and a second line "Δ ±d" where both exist."""
+    published = "" if math.isnan(rec["published"]) else f" ({_number(rec['published'], decimals)}{rec['published_mark']})"
     if rec["n"] == 0:
-        return "–"
-    text = f"{rec['mean']:.{decimals}f}"
+        return ["–" + published]
+    text = _number(rec["mean"], decimals)
     if not math.isnan(rec[bars]):
-        text += f" ± {rec[bars]:.{decimals}f}"
-    if not math.isnan(rec["published"]):
-        text += f" ({rec['published']:.{decimals}f})"
-    return text
+        text += f" ± {_number(rec[bars], decimals)}"
+    lines = [text + published]
+    if not math.isnan(rec["delta"]):
+        lines.append(f"Δ {'−' if rec['delta'] < 0 else '+'}{_number(abs(rec['delta']), decimals)}")
+    return lines
 
 
 def to_grid(result: TableResult, bars: str) -> pd.DataFrame:
+    """rows x columns of cell lines (a list per cell; ["–"] where the table has no cell)."""
     grid = pd.DataFrame(index=result.rows, columns=result.columns, dtype=object)
+    for row in result.rows:
+        for column in result.columns:
+            grid.at[row, column] = ["–"]
     for _, rec in result.summary.iterrows():
-        grid.loc[rec["row"], rec["column"]] = _cell_text(rec, bars, result.decimals)
+        grid.at[rec["row"], rec["column"]] = cell_lines(rec, bars, result.decimals)
     return grid
 
 
@@ -211,15 +240,24 @@ def render_markdown(result: TableResult, bars: str) -> str:
     grid = to_grid(result, bars)
     header = "| | " + " | ".join(result.columns) + " |"
     rule = "|---|" + "---|" * len(result.columns)
-    body = ["| " + row + " | " + " | ".join(grid.loc[row].fillna("–")) + " |" for row in result.rows]
+    body = ["| " + row + " | " + " | ".join("<br>".join(lines) for lines in grid.loc[row]) + " |" for row in result.rows]
     return "\n".join([f"**{result.name}.** {result.caption}", "", header, rule, *body, ""])
 
 
 def _tex_escape(text: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("±", r"$\pm$"),
-                 ("α", r"$\alpha$"), ("–", "--")):
+                 ("α", r"$\alpha$"), ("Δ", r"$\Delta$"), ("−", "$-$"), ("–", "--"), ("*", r"$^{*}$"), ("†", r"$^{\dagger}$"),
+                 ("‡", r"$^{\ddagger}$"), ("§", r"\S{}")):
         text = text.replace(a, b)
     return text
+
+
+def _tex_cell(lines: list[str]) -> str:
+    """One line as it is; two (value, then Δ) stacked in a nested tabular, the Δ line smaller."""
+    if len(lines) == 1:
+        return _tex_escape(lines[0])
+    return (r"\begin{tabular}[t]{@{}c@{}}" + _tex_escape(lines[0])
+            + "".join(r" \\ {\footnotesize " + _tex_escape(line) + "}" for line in lines[1:]) + r"\end{tabular}")
 
 
 def render_latex(result: TableResult, bars: str) -> str:
@@ -229,7 +267,7 @@ def render_latex(result: TableResult, bars: str) -> str:
              r"\begin{tabular}{l" + "c" * len(result.columns) + "}", r"\toprule",
              " & ".join([""] + [_tex_escape(c) for c in result.columns]) + r" \\", r"\midrule"]
     for row in result.rows:
-        lines.append(" & ".join([_tex_escape(row)] + [_tex_escape(v) for v in grid.loc[row].fillna("–")]) + r" \\")
+        lines.append(" & ".join([_tex_escape(row)] + [_tex_cell(cell) for cell in grid.loc[row]]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(lines)
 
@@ -265,10 +303,7 @@ def build_split_counts_table(item: ReportItem) -> TableResult:
     for row in row_order:
         for col in columns:
             vals = frame[(frame.row == row) & (frame.column == col)]["value"].tolist()
-            pub = published.get((row, col), math.nan)
-            stats = summarise(vals)
-            records.append({"row": row, "column": col, **stats, "published": pub,
-                            "delta": stats["mean"] - pub if not math.isnan(pub) else math.nan})
+            records.append(cell_record(row, col, vals, published))
     caption = (f"{spec.get('title', table)}. Training samples per client under split seed {seed} "
                f"(global_test / external: size of the global / external evaluation set); the published counts in parentheses.")
     return TableResult(table, spec.get("title", table), row_order, columns, pd.DataFrame(records), frame, caption, 0)
@@ -318,16 +353,12 @@ def build_class_balance_table(item: ReportItem) -> TableResult:
             "imbalance ratio": imbalance_ratio(per_class),
         }
         for column in CLASS_BALANCE_COLUMNS:
-            stats = summarise([values[column]])
-            pub = published.get((label, column), math.nan)
-            records.append({"row": label, "column": column, **stats, "published": pub,
-                            "delta": stats["mean"] - pub if not math.isnan(pub) else math.nan})
+            records.append(cell_record(label, column, [values[column]], published))
             per_seed.append({"row": label, "column": column, "seed": seed, "value": values[column]})
     caption = (f"{spec.get('title', table)}. Imbalance ratio = largest / smallest class of the pooled client training "
-               f"data under split seed {seed}; the published ratio in parentheses. "
-               + (spec.get("note") or ""))
+               f"data under split seed {seed}; the published ratio in parentheses.")
     return TableResult(table, spec.get("title", table), rows, list(CLASS_BALANCE_COLUMNS), pd.DataFrame(records),
-                       pd.DataFrame(per_seed, columns=["row", "column", "seed", "value"]), caption.strip(), 2)
+                       pd.DataFrame(per_seed, columns=["row", "column", "seed", "value"]), caption, 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,4 +373,10 @@ def table_inputs(item: ReportItem) -> list[str]:
 
 
 def make_table(item: ReportItem) -> TableResult:
-    return TABLE_KINDS.get(item.spec["kind"]).obj(item)
+    """Build a table with its kind's builder; every kind's caption then ends with :func:`caption_notes`."""
+    result = TABLE_KINDS.get(item.spec["kind"]).obj(item)
+    summary = result.summary if len(result.summary) else pd.DataFrame(columns=SUMMARY_COLUMNS)
+    result.summary = summary[SUMMARY_COLUMNS]
+    notes = caption_notes(item, result.summary)
+    result.caption = f"{result.caption} {notes}" if notes else result.caption
+    return result
