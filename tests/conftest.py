@@ -60,6 +60,16 @@ def forkserver(tmp_path_factory):
     proc.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def tiny_inputs(tmp_path_factory):
+    """(work directory, run config) of the tiny grid's only run, its inputs built in that directory
+    (tests/infra_support.py), once per test module."""
+    from infra_support import build_tiny_inputs
+
+    workdir = tmp_path_factory.mktemp("tiny")
+    return workdir, build_tiny_inputs(workdir)
+
+
 def copy_repo_skeleton(dest: Path) -> Path:
     """Snakefile, workflow/ and config/ of this checkout in a scratch directory, for end-to-end runs."""
     for item in ("Snakefile", "workflow", "config", "envs"):

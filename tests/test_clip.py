@@ -495,6 +495,10 @@ def test_demo_configs_end_to_end(demo_data, monkeypatch):
     clean, paper = (json.loads((Path("results/runs") / k.path / "metrics.json").read_text()) for k in keys[:2])
     assert clean["run"]["protocol"] == "clean" and clean["selection"]["rule"] in ("best_val", "last")
     assert paper["run"]["protocol"] == "paper" and paper["selection"]["rule"] == "best_test"
+    # what test data each read: clean none (and keeps no best-test selection), paper selects and adapts on it
+    assert clean["test_data"] == {"protocol": "clean", "allow_test_selection": False, "selection_on_test": False,
+                                  "target_is_test": False} and "best_test" not in clean["by_rule"]
+    assert paper["test_data"]["selection_on_test"] and paper["test_data"]["target_is_test"]
     # clean tests on the global set minus the unlabeled reference half; paper on (and adapts to) all of it
     split = json.loads(Path(project.run_config(keys[0])["paths"]["split"]).read_text())
     assert clean["eval"]["global"]["n"] == len(split["global_test"])

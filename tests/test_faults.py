@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from infra_support import build_tiny_inputs, with_rounds
+from infra_support import with_rounds
 
 BT_CLASSES = ("glioma_tumor", "meningioma_tumor", "no_tumor", "pituitary_tumor")
 
@@ -123,12 +123,6 @@ def test_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # jobs that die part-way, on the tiny grid's real inputs
-
-@pytest.fixture(scope="module")
-def tiny_inputs(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("faults")
-    return workdir, build_tiny_inputs(workdir)
-
 
 def test_crash_after_the_last_round_leaves_no_metrics_and_the_rerun_completes(tiny_inputs, monkeypatch):
     import fedrepro.train as train

@@ -367,6 +367,28 @@ def test_authors_indexing_leaks_test_rows_into_training():
     assert any(len(set(src[np.concatenate(list(p.values()))])) > 1 for p in split.clients.values())   # sites mixed
 
 
+def test_the_authors_indexing_declares_its_leak_and_runs_check_it():
+    """The split file says which overlap is intended (held-out rows = clients' rows); the check every run
+    makes before training lets exactly that through, under the setting's paper protocol and under clean."""
+    from fedrepro.data.partition import Split
+    from fedrepro.fl.federation import SplitOverlap, check_disjoint
+
+    manifest = site_manifest()
+    spec = {"kind": "sites_authors_index", "clients": 4, "ratios": {"train": 0.8, "val": 0.2, "test": 0.0}}
+    split = Split.from_json(make_split(manifest, spec, seed=0).to_json())      # as the run reads the split file
+    assert [d["parts"] for d in split.declared_overlaps] == [["global_test", "clients"]]
+    check_disjoint(split, "paper")
+    check_disjoint(split, "clean")
+    undeclared = Split.from_json({**split.to_json(), "declared_overlaps": []})   # e.g. a split file of an older version
+    with pytest.raises(SplitOverlap, match=r"client0/train and global_test share 2 row\(s\) \(manifest rows 1, 4\); client0/val and global_test"):
+        check_disjoint(undeclared, "paper")
+    correct = make_split(manifest, {**spec, "kind": "sites"}, seed=0)
+    assert correct.declared_overlaps == []
+    check_disjoint(correct, "clean")
+    setting = load_project(["config/config.yaml"]).papers["fedadapterproto"]["settings"]["eyepacs_sites_authors_index"]
+    assert setting["protocol"] == "paper" and setting["split"]["kind"] == "sites_authors_index"
+
+
 def authors_fundus_split(meta: pd.DataFrame, num_users: int) -> tuple[list[list[str]], list[str]]:
     """lib/utils.py::get_dataset + lib/sampling.py::fundus_noniid of the official code, on a metadata
     table: -> (image_path of every client's rows, image_path of the test rows)."""

@@ -199,3 +199,32 @@ def test_every_table_kind_renders_its_note_and_the_demo_warning(tmp_path, monkey
     # the count table's published counts and their mark
     result, md, _ = _render(full, "counts")
     assert "| client1 | 7 (9*)<br>Δ −2 |" in md and "* assembled." in result.caption
+
+
+def test_tables_never_ask_clean_runs_for_test_selections():
+    """A one_round table re-reads (and its rule declares) the history of runs selected on the test set only:
+    under clean it reads metrics.json alone."""
+    from fedrepro.report.tables import runs_inputs, table_item
+
+    project = load_project(["config/config.yaml"], {"protocols": ["clean", "paper"]})
+    clean = runs_inputs(table_item(project, "clean", "facmic", "table5"))
+    paper = runs_inputs(table_item(project, "paper", "facmic", "table5"))
+    assert not any(f.endswith("history.csv") for f in clean) and any(f.endswith("metrics.json") for f in clean)
+    assert any(f.endswith("history.csv") for f in paper)
+
+
+def test_captions_say_which_test_data_the_runs_read():
+    from fedrepro.report.tables import make_caption, notes_on_test_use
+
+    project = load_project(["config/config.yaml"])
+    spec = project.papers["facmic"]["tables"]["table3"]
+    use = {"protocol": "paper", "allow_test_selection": False, "selection_on_test": True, "target_is_test": True}
+    assert notes_on_test_use({"test_data": use}) == {"paper_target"}
+    caption = make_caption(spec, "table3", project, {"paper"}, {"best_test"}, "std", 3, notes_on_test_use({"test_data": use}))
+    assert "as the paper's code did" in caption and "target: the global test images (labels hidden), as the authors'" in caption
+    opted = {**use, "protocol": "clean", "allow_test_selection": True}
+    caption = make_caption(spec, "table3", project, {"clean"}, {"best_test"}, "std", 3, notes_on_test_use({"test_data": opted}))
+    assert "selected on the test set by explicit opt-in (allow_test_selection: true)" in caption
+    assert "Domain-adaptation target under the clean protocol: the global test images" in caption
+    assert notes_on_test_use({"test_data": {**use, "protocol": "clean", "selection_on_test": False,
+                                            "target_is_test": False}}) == set()

@@ -181,6 +181,7 @@ class Project:
                 raise ConfigError(f"{path}: 'paper' is {paper['paper']!r} but the file is for {name!r}")
             self.papers[name] = paper
             self._check_paper(paper, str(path))
+        self._check_test_data_use()
 
     @property
     def protocols(self) -> list[str]:
@@ -228,6 +229,52 @@ class Project:
                 check_choice(m, paper["methods"], f"{where}: figures/{fig_name}/methods")
             for t in fig.get("tables", []):
                 check_choice(t, paper.get("tables", {}), f"{where}: figures/{fig_name}/tables")
+
+    def _check_test_data_use(self) -> None:
+        """No run of the clean protocol reads its test data, unless its train block opts in with
+        ``allow_test_selection: true``: neither a selection rule that picks on the test set (``best_test``;
+        a table's ``one_round`` re-reads only runs selected that way) nor, for a domain-adaptation method, the
+        global test set as its unlabeled target (a split without ``reference_fraction``). The paper protocol
+        is the authors' and allows both. Refused here, before any job, naming what asks for it."""
+        from .fl.selection import TEST_RULES, resolve_rule
+        from .registry import METHODS
+
+        users: dict[tuple[str, str, str], list[str]] = {}
+        for protocol, paper, table in self.tables():
+            for cell in self.resolved_cells(paper, table, protocol):
+                if cell["protocol"] == "clean":
+                    users.setdefault((paper, cell["setting"], cell["method"]), []).append(f"tables/{table}")
+        for protocol, paper, figure in self.figures():
+            for key in self.figure_runs(paper, figure, protocol):
+                if key.protocol == "clean":
+                    users.setdefault((paper, key.setting, key.method), []).append(f"figures/{figure}")
+        problems = []
+        for (paper, setting, method), used_by in users.items():
+            train = self.train_config(paper, setting, method, "clean")
+            if train["allow_test_selection"]:
+                continue
+            asks = []
+            rule = resolve_rule(train["selection"]["rule"], "clean")
+            if rule in TEST_RULES:
+                asks.append(f"selection rule {rule!r} picks the reported round on the test set")
+            algorithm = self.papers[paper]["methods"][method].get("method", method)
+            split = self.papers[paper]["settings"][setting]["split"]
+            if (METHODS.get(algorithm).obj.reads_target(self.method_params(paper, method, "clean"))
+                    and float(split.get("reference_fraction", 0)) <= 0):
+                asks.append("its domain-adaptation target would be the global test set (the split has no "
+                            "reference_fraction)")
+            if asks:
+                where = f"{self.config['paper_dir']}/{paper}.yaml: settings/{setting} x methods/{method}"
+                problems.append(f"{where} (protocol clean; used by {', '.join(dict.fromkeys(used_by))}): "
+                                f"{' and '.join(asks)}")
+        if problems:
+            listed = "\n".join(problems[:5]) + (f"\n... and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise ConfigError(
+                f"{listed}\nThe clean protocol reads no test data. Run these under the paper protocol (protocols: "
+                f"[paper] in the config, or protocol: paper on the setting or the table), choose another selection "
+                f"rule (best_val, last, last_k_mean) or a reference_fraction, or opt in explicitly with "
+                f"allow_test_selection: true in the train block (the paper's defaults, the setting's or the method's "
+                f"train:); the run manifest, metrics.json and the table captions then record it.")
 
     def run_key(self, paper: str, setting: str, method: str, seed: int, protocol: str | None = None) -> RunKey:
         """The run of (paper, setting, method, seed) under ``protocol`` (default: the first configured),

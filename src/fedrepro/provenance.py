@@ -51,9 +51,13 @@ def device_info(device) -> dict:
     return info
 
 
-def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, timings: dict, resumed_from) -> dict:
+def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, timings: dict, resumed_from,
+                 test_data: dict | None = None) -> dict:
+    """``test_data``: what test data the run read (selection on the test set, the test set as the
+    domain-adaptation target) and whether it was allowed (paper protocol, or ``allow_test_selection``)."""
     return {
         "run": {k: run[k] for k in ("paper", "setting", "method", "seed", "protocol", "config_hash")},
+        "test_data": test_data,
         "seeds": {"run": run["seed"], "split": input_hashes.get("split_seed"),
                   "streams": "derive_seed(run seed, purpose, round, client) for init/shuffle/local/server"},
         "config": run,

@@ -1,8 +1,13 @@
 """One training job = one method x setting x seed: read inputs, run the rounds, write results.
 
 All file I/O of training happens here; methods and the engine see only datasets and tensors.
+Before anything is trained the job checks that its index sets are disjoint as the split declares
+(:func:`fedrepro.fl.federation.check_disjoint`) and that it reads no test data its protocol does not allow.
+
 Outputs (each written atomically):
-    <out>/metrics.json        selected metrics per eval set, every selection rule, comm and time
+    <out>/metrics.json        selected metrics per eval set, every selection rule the run's protocol allows
+                              (no test-set rule under clean without allow_test_selection), what test data
+                              the run read (``test_data``), comm and time
     <out>/history.csv         one row per round: loss, time, communication, every eval metric
     <out>/predictions.npz     class probabilities and labels of the selected round and the last one
     <out>/run_manifest.json   provenance: git, packages, config + hash, input hashes, device, seeds
@@ -31,10 +36,21 @@ from .fl.engine import run_rounds
 from .fl.federation import (
     build_feature_federation,
     build_image_federation,
+    check_disjoint,
     federation_datasets,
+    target_rows,
 )
 from .fl.method import MethodContext
-from .fl.selection import SELECTION_RULES, resolve_rule, select, validation_key
+from .fl.selection import (
+    TEST_RULES,
+    ForbiddenTestUse,
+    allowed_rules,
+    may_read_test_data,
+    opted_in,
+    resolve_rule,
+    select,
+    validation_key,
+)
 from .io import atomic_path, read_json, sha256_file, torch_save, write_csv, write_json
 from .models.families import build_family
 from .provenance import run_manifest
@@ -46,14 +62,19 @@ class InputMismatch(RuntimeError):
     pass
 
 
-def load_federation(run: dict):
+def load_federation(run: dict, split_file: dict | None = None):
+    """The run's federation (and the hashes of its inputs), after checking that its split belongs to its
+    manifest and that its index sets are disjoint as the split declares. ``split_file``: the split JSON,
+    if already read."""
     paths = run["paths"]
     spec = dataset(run["dataset"])
-    split_file = read_json(paths["split"])
+    split_file = read_json(paths["split"]) if split_file is None else split_file
     manifest_sha = sha256_file(paths["manifest"])
     if split_file["manifest_sha256"] != manifest_sha:
         raise InputMismatch(f"{paths['split']} was made from another version of {paths['manifest']}; rebuild the split")
     split = Split.from_json(split_file)
+    allow_test = opted_in(run["train"])
+    check_disjoint(split, run["protocol"], allow_test, where=paths["split"])
     hashes = {"manifest_sha256": manifest_sha, "split_sha256": sha256_file(paths["split"]), "split_seed": split_file["seed"]}
     if run["input"] == "features":
         cache = torch.load(paths["features"], map_location="cpu", weights_only=False)
@@ -61,7 +82,7 @@ def load_federation(run: dict):
             raise InputMismatch(f"{paths['features']} was computed from another version of {paths['manifest']}")
         hashes["features_sha256"] = sha256_file(paths["features"])
         hashes["encoder_weights"] = cache.get("weights")
-        return build_feature_federation(split, run["protocol"], cache, list(spec.classes)), hashes
+        return build_feature_federation(split, run["protocol"], cache, list(spec.classes), allow_test), hashes
     family = build_family(run["train"]["model"], list(spec.classes), {})
     manifest = read_manifest(paths["manifest"])
     missing = [c for c in family.extra_columns if c not in manifest.columns]
@@ -76,15 +97,36 @@ def load_federation(run: dict):
             caches[part] = ImageCache(paths["images"][part], manifest_sha, needed)
             hashes[f"images_{part}"] = {"file": paths["images"][part], "spec": needed.key}
     fed = build_image_federation(split, run["protocol"], manifest, paths["raw_dir"], list(spec.classes),
-                                 train_transform, eval_transform, family.extra_columns, caches, run["jpeg_draft"])
+                                 train_transform, eval_transform, family.extra_columns, caches, run["jpeg_draft"],
+                                 allow_test)
     return fed, hashes
 
 
+def describe_test_use(run: dict, reads_target: bool, split: Split | None = None) -> dict:
+    """What test data a run reads, for metrics.json and the run manifest: whether it may (``allowed``: the
+    paper protocol or the clean opt-in ``allow_test_selection``), whether its reported round is selected on
+    the test set, and whether its unlabeled domain-adaptation target is the global test set. Refuses (before
+    training) a run that would read test data it may not."""
+    allowed = may_read_test_data(run["protocol"], opted_in(run["train"]))
+    rule = resolve_rule(run["train"]["selection"]["rule"], run["protocol"])
+    target_is_test = False
+    if reads_target and split is not None:
+        test_rows, ref_rows = target_rows(split, run["protocol"], opted_in(run["train"]))
+        target_is_test = bool(len(np.intersect1d(test_rows, ref_rows)))
+    if not allowed and (rule in TEST_RULES or target_is_test):
+        raise ForbiddenTestUse(f"{run['paper']}/{run['setting']}/{run['method']} (protocol {run['protocol']}) would read "
+                               f"the test set (selection rule {rule!r}, target = test set: {target_is_test}); use the "
+                               f"paper protocol or set allow_test_selection: true in its train block")
+    return {"protocol": run["protocol"], "allow_test_selection": opted_in(run["train"]),
+            "selection_on_test": rule in TEST_RULES, "target_is_test": target_is_test}
+
+
 def summarise(history, run: dict, participants: int) -> dict:
+    """metrics.json: the chosen rule's metrics, and those of every rule the run may compute."""
     train = run["train"]
     sel = train["selection"]
     by_rule, info = {}, {}
-    for rule in SELECTION_RULES:
+    for rule in allowed_rules(run["protocol"], opted_in(train)):
         by_rule[rule], info[rule] = select(history, rule, sel["metric"], sel["k"], validation_key(sel))
     chosen = resolve_rule(sel["rule"], run["protocol"])
     rounds = len(history)
@@ -135,15 +177,18 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     # loader workers are an execution setting: resolved from the job's CPUs, recorded, never hashed
     workers = resolve_workers(run["train"]["num_workers"])
     run = {**run, "train": {**run["train"], "num_workers": workers}}
-    fed, hashes = load_federation(run)
+    algorithm = method_class(run["algorithm"]["name"])
+    split_file = read_json(run["paths"]["split"])
+    test_data = describe_test_use(run, algorithm.reads_target(run["algorithm"]["params"]), Split.from_json(split_file))
+    fed, hashes = load_federation(run, split_file)
     ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log)
-    method = method_class(run["algorithm"]["name"])(ctx)
+    method = algorithm(ctx)
     resume = checkpoint_dir / "resume.pt"
     with loader_pool(federation_datasets(fed), workers if run["input"] != "features" else 0,
                      pin_memory=device.type == "cuda"):
         result = run_rounds(method, fed, run, resume, log)
 
-    summary = summarise(result.history, run, len(method.participants()))
+    summary = summarise(result.history, run, len(method.participants())) | {"test_data": test_data}
     chosen = resolve_rule(run["train"]["selection"]["rule"], run["protocol"])
     write_csv(out_dir / "history.csv", result.history)
     save_predictions(out_dir / "predictions.npz", result.predictions, chosen)
@@ -151,7 +196,7 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     write_json(out_dir / "run_manifest.json", run_manifest(
         run, device=device, determinism=determinism, input_hashes=hashes,
         timings={"wall_s": time.time() - started, "train_s": float(result.history["train_s"].sum())},
-        resumed_from=result.resumed_from))
+        resumed_from=result.resumed_from, test_data=test_data))
     write_json(out_dir / "metrics.json", summary)  # last: its presence means the run is complete
     resume.unlink(missing_ok=True)
     return summary

@@ -16,7 +16,10 @@ Flow (every step deterministic in the split seed):
    column, so that every client's test part comes from the dataset's official test split
    (MIMIC-CXR in FedDRA).
 
-Every pool row ends up in exactly one client and one of its splits. A client whose training part
+Every pool row ends up in exactly one client and one of its splits, and the clients, the global test,
+reference and external sets are disjoint; a splitter that reproduces an overlap on purpose (FedAdapterProto's
+authors' indexing) says so in its :class:`Partition`, and the split file lists it under ``declared_overlaps``
+(each training run checks the rest: :func:`fedrepro.fl.federation.check_disjoint`). A client whose training part
 would be smaller than ``min_train`` is an error, or (``on_empty: resample``) the partition is drawn
 again with the next stream of the split seed, at most ``max_draws`` times; the number of draws is
 recorded in the split file.
@@ -37,6 +40,21 @@ class SplitError(ValueError):
     pass
 
 
+OVERLAP_PARTS = ("clients", "global_test", "reference", "external")
+
+
+def check_overlaps(declared: list[dict], where: str) -> list[dict]:
+    """``declared_overlaps`` entries: ``{"parts": [a, b], "reason": "..."}`` with a, b in :data:`OVERLAP_PARTS`
+    (``clients`` = every client's train/val/test; ``[clients, clients]``: clients may share rows)."""
+    for entry in declared:
+        parts = entry.get("parts") if isinstance(entry, dict) else None
+        if (not isinstance(parts, list) or len(parts) != 2 or not set(parts) <= set(OVERLAP_PARTS)
+                or not str(entry.get("reason", "")).strip()):
+            raise SplitError(f"{where}: declared_overlaps entry {entry!r} must be {{parts: [a, b], reason: ...}} with "
+                             f"a, b in {list(OVERLAP_PARTS)} and a reason")
+    return declared
+
+
 @dataclass
 class Split:
     clients: dict[str, dict[str, np.ndarray]]   # client name -> {"train", "val", "test"} -> row indices
@@ -44,6 +62,8 @@ class Split:
     reference: np.ndarray
     draws: int = 1
     external: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))   # external evaluation set
+    # overlaps the splitter produces on purpose: [{"parts": [a, b], "reason": ...}] (else every part is disjoint)
+    declared_overlaps: list[dict] = field(default_factory=list)
 
     def assigned(self) -> np.ndarray:
         parts = [idx for client in self.clients.values() for idx in client.values()]
@@ -56,6 +76,7 @@ class Split:
             "reference": self.reference.tolist(),
             "external": self.external.tolist(),
             "draws": self.draws,
+            "declared_overlaps": self.declared_overlaps,
         }
 
     @classmethod
@@ -67,16 +88,19 @@ class Split:
             reference=as_array(data["reference"]),
             draws=data.get("draws", 1),
             external=as_array(data.get("external", [])),
+            declared_overlaps=check_overlaps(data.get("declared_overlaps", []), "split file"),
         )
 
 
 @dataclass
 class Partition:
     """What a splitter returns when it also holds rows out: the clients' parts, plus pool rows that
-    join the global test set (e.g. a held-out site picked by rank). Indices are relative to the pool."""
+    join the global test set (e.g. a held-out site picked by rank). Indices are relative to the pool.
+    ``overlaps``: the overlaps it produces on purpose, as the split file's ``declared_overlaps``."""
 
     clients: list[np.ndarray]
     held_out: np.ndarray
+    overlaps: list[dict] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,9 +202,11 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
     for draw in range(1, max_draws + 1):
         parts = split_fn(labels_all[pool], sources_all[pool], spec, numpy_rng(seed, "split", "partition", draw))
         held_ref, held_test = np.zeros(0, dtype=int), np.zeros(0, dtype=int)
+        overlaps: list[dict] = []
         if isinstance(parts, Partition):
             held = pool[np.asarray(parts.held_out, dtype=int)]
             held_ref, held_test = _reference(held, fraction, numpy_rng(seed, "split", "held_out", draw))
+            overlaps = check_overlaps(parts.overlaps, f"split kind {kind!r}")
             parts = parts.clients
         clients = {
             f"client{i}": (_official_parts(pool[part], manifest["split"].to_numpy()) if official else
@@ -190,7 +216,8 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
         small = {name: len(p["train"]) for name, p in clients.items() if len(p["train"]) < min_train}
         if not small:
             return Split(clients, np.sort(np.concatenate([global_rows, held_test])).astype(int),
-                         np.sort(np.concatenate([reference, held_ref])).astype(int), draws=draw, external=external)
+                         np.sort(np.concatenate([reference, held_ref])).astype(int), draws=draw, external=external,
+                         declared_overlaps=overlaps)
     hint = " (set on_empty: resample to redraw)" if max_draws == 1 else f" after {max_draws} draws"
     raise SplitError(
         f"{kind} split leaves clients with fewer than min_train={min_train} training samples{hint}: {small}. "

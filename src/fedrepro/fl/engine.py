@@ -22,7 +22,7 @@ from ..io import torch_save
 from ..seeding import seed_global
 from .federation import Federation
 from .method import FederatedMethod
-from .selection import PredictionTracker, validation_key
+from .selection import PredictionTracker, allowed_rules, opted_in, validation_key
 
 
 @dataclass
@@ -38,7 +38,8 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
     log = log or logging.getLogger("fedrepro.train")
     train = run["train"]
     rounds, eval_every, seed = train["rounds"], train["eval_every"], run["seed"]
-    tracker = PredictionTracker(train["selection"]["metric"], validation_key(train["selection"]))
+    tracker = PredictionTracker(train["selection"]["metric"], validation_key(train["selection"]),
+                                allowed_rules(run["protocol"], opted_in(train)))
     history: list[dict] = []
     start, resumed_from = 0, None
 

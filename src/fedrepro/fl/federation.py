@@ -4,11 +4,19 @@ another dataset), built from a manifest and a split file.
 
 Datasets yield dicts ``{"x": input, "y": label, "index": manifest row}``. Unlabeled sets yield
 ``y = -1`` so no method can use their labels by accident.
+
+Before a run trains, :func:`check_disjoint` asserts that the index sets it is given are disjoint: every
+client's train/val/test, the clients among themselves, the global test set, the reference set and the
+external set. Only overlaps the split file declares (``declared_overlaps``, written by a splitter that
+reproduces an overlap on purpose) and the one the protocol declares (``paper``, or ``clean`` with
+``allow_test_selection`` on a split without reference set: the unlabeled target *is* the global test set)
+pass; any other stops the run, naming the parts and the manifest rows they share.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import combinations
 from pathlib import Path
 from typing import Callable
 
@@ -50,19 +58,73 @@ def federation_datasets(fed: Federation) -> list:
     return [d for d in parts if d is not None]
 
 
-def target_rows(split: Split, protocol: str) -> tuple[np.ndarray, np.ndarray]:
+def target_rows(split: Split, protocol: str, allow_test: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """-> (global test rows, unlabeled reference rows) under a protocol.
 
-    clean: the reference set is the part of the global set split off for it; the rest is tested.
+    clean: the reference set is the part of the global set split off for it; the rest is tested. With
+    ``allow_test`` (``allow_test_selection: true``) a split without reference set uses the global test
+    set as the unlabeled target.
     paper: like the authors' code, the whole global set is both the unlabeled target and the test.
     """
     if protocol == "paper":
         everything = np.sort(np.concatenate([split.global_test, split.reference]))
         return everything, everything
+    if allow_test and not len(split.reference):
+        return split.global_test, split.global_test
     return split.global_test, split.reference
 
 
-def build_feature_federation(split: Split, protocol: str, cache: dict, class_names: list[str]) -> Federation:
+class SplitOverlap(ValueError):
+    pass
+
+
+def _group(part: str) -> str:
+    """The name a split's ``declared_overlaps`` uses for a part: every client part is ``clients``."""
+    return part if part in ("global_test", "reference", "external") else "clients"
+
+
+def check_disjoint(split: Split, protocol: str, allow_test: bool = False, where: str = "split",
+                   examples: int = 5) -> None:
+    """Raise :class:`SplitOverlap` unless the index sets a run trains and tests on are disjoint, apart
+    from the overlaps the split declares and the protocol's target (see the module docstring)."""
+    test_rows, ref_rows = target_rows(split, protocol, allow_test)
+    sets = {f"{name}/{part}": np.asarray(rows, dtype=np.int64)
+            for name, parts in sorted(split.clients.items(), key=lambda kv: client_order(kv[0]))
+            for part, rows in parts.items()}
+    sets["global_test"] = np.asarray(test_rows, dtype=np.int64)
+    if not np.array_equal(test_rows, ref_rows):   # else the target IS the global test set, by the protocol
+        sets["reference"] = np.asarray(ref_rows, dtype=np.int64)
+    sets["external"] = np.asarray(split.external, dtype=np.int64)
+    allowed = {frozenset(d["parts"]) for d in split.declared_overlaps}
+
+    def declared(a: str, b: str) -> bool:
+        return frozenset({_group(a), _group(b)}) in allowed
+
+    problems = [f"{name} lists {len(rows) - len(np.unique(rows))} row(s) twice"
+                for name, rows in sets.items() if len(rows) != len(np.unique(rows))]
+    everything = np.concatenate(list(sets.values())) if sets else np.zeros(0, dtype=np.int64)
+    values, counts = np.unique(everything, return_counts=True)
+    shared = values[counts > 1]
+    if len(shared):
+        members = {name: np.intersect1d(rows, shared) for name, rows in sets.items()}
+        holding = [name for name in sets if len(members[name])]
+        for a, b in combinations(holding, 2):
+            common = np.intersect1d(members[a], members[b], assume_unique=True)
+            if len(common) and not declared(a, b):
+                shown = ", ".join(str(r) for r in common[:examples]) + (", ..." if len(common) > examples else "")
+                problems.append(f"{a} and {b} share {len(common)} row(s) (manifest rows {shown})")
+    if problems:
+        listed = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise SplitOverlap(
+            f"{where}: the run's index sets overlap: {listed}. Train, validation and test parts, the clients, the "
+            f"global test, reference and external sets must be disjoint unless the split declares the overlap "
+            f"(declared_overlaps: {sorted(sorted(p) for p in allowed) or 'none'}). Nothing was trained. A split file "
+            f"written by an older version lacks the declarations of splitters that overlap on purpose: rebuild it "
+            f"(snakemake --forcerun {where} ...).")
+
+
+def build_feature_federation(split: Split, protocol: str, cache: dict, class_names: list[str],
+                             allow_test: bool = False) -> Federation:
     features = cache["image"].float()
     labels = torch.as_tensor(cache["labels"], dtype=torch.long)
 
@@ -71,7 +133,7 @@ def build_feature_federation(split: Split, protocol: str, cache: dict, class_nam
         y = labels[rows] if labelled else torch.full((len(rows),), UNLABELED, dtype=torch.long)
         return FeatureSet(features[rows], y, rows)
 
-    test_rows, ref_rows = target_rows(split, protocol)
+    test_rows, ref_rows = target_rows(split, protocol, allow_test)
     clients = [ClientData(name, i, subset(p["train"]), subset(p["val"]), subset(p["test"]))
                for i, (name, p) in enumerate(sorted(split.clients.items(), key=lambda kv: client_order(kv[0])))]
     return Federation(
@@ -86,7 +148,7 @@ def build_feature_federation(split: Split, protocol: str, cache: dict, class_nam
 
 def build_image_federation(split: Split, protocol: str, manifest, raw_root: str | Path, class_names: list[str],
                            train_transform: Callable, eval_transform: Callable, extra_columns=(),
-                           caches: dict | None = None, draft: bool = True) -> Federation:
+                           caches: dict | None = None, draft: bool = True, allow_test: bool = False) -> Federation:
     """Image datasets for every part of the split. Training (and unlabeled reference) rows go through
     ``train_transform``, the rest through ``eval_transform``; each pipeline's images are decoded at
     its first resize (:func:`fedrepro.data.decode.spec_of`, JPEG DCT scaling if ``draft``), read
@@ -109,7 +171,7 @@ def build_image_federation(split: Split, protocol: str, manifest, raw_root: str 
         return ManifestImages(raw_root, [paths[r] for r in rows], y, rows, transform, extra,
                               decode=spec, cache=caches.get(part))
 
-    test_rows, ref_rows = target_rows(split, protocol)
+    test_rows, ref_rows = target_rows(split, protocol, allow_test)
     clients = [ClientData(name, i, subset(p["train"], "train"), subset(p["val"], "eval"), subset(p["test"], "eval"))
                for i, (name, p) in enumerate(sorted(split.clients.items(), key=lambda kv: client_order(kv[0])))]
     return Federation(

@@ -72,6 +72,13 @@ class FederatedMethod(ABC):
         self.device = ctx.device
         self.params = ctx.params
 
+    @classmethod
+    def reads_target(cls, params: dict) -> bool:
+        """Whether training with ``params`` reads the unlabeled target set (``fed.reference``: the
+        domain-adaptation methods). The configuration check asks, before any job, because under the
+        paper protocol that set is the global test set."""
+        return False
+
     def participants(self) -> list[ClientData]:
         """The clients that train each round (all, in sorted order, unless a method says otherwise)."""
         return self.fed.clients

@@ -7,6 +7,11 @@ paper protocol, ``best_test`` (each column's best over rounds, selected on the t
 the authors' code did) and ``best_test_round`` (every column at the one round best on a test metric).
 ``auto`` = ``best_val`` under the clean protocol, ``best_test`` under the paper protocol.
 :class:`PredictionTracker` keeps the predictions of the rounds the rules may pick.
+
+The rules that read the test set (:data:`TEST_RULES`) belong to the paper protocol. A clean run neither
+selects with them nor computes or stores them (:func:`allowed_rules`), unless its train block says
+``allow_test_selection: true`` (an explicit opt-in that the configuration check asks for, and the run
+manifest, metrics.json and the table captions record).
 """
 
 from __future__ import annotations
@@ -15,7 +20,32 @@ import numpy as np
 import pandas as pd
 
 SELECTION_RULES = ("last", "best_val", "best_test", "best_test_round", "last_k_mean")
+TEST_RULES = ("best_test", "best_test_round")      # rules that pick rounds (or values) on the test set
 LOWER_IS_BETTER = {"ece", "loss"}
+
+
+class ForbiddenTestUse(ValueError):
+    """A run would read its test data (selection or domain-adaptation target) without being allowed to."""
+
+
+def opted_in(train: dict) -> bool:
+    """A train block's ``allow_test_selection`` (schema default false; absent, as in a run config built by
+    hand, it reads as not opted in)."""
+    return bool(train.get("allow_test_selection", False))
+
+
+def may_read_test_data(protocol: str, allow_test_selection: bool) -> bool:
+    """Whether a run may read its test data to select or to adapt: under the paper protocol (the
+    authors' protocol), or with the explicit opt-in ``allow_test_selection: true``."""
+    return protocol == "paper" or bool(allow_test_selection)
+
+
+def allowed_rules(protocol: str, allow_test_selection: bool) -> tuple[str, ...]:
+    """The selection rules a run computes and stores: all of them under the paper protocol (or with the
+    opt-in), only those that never look at the test set otherwise."""
+    if may_read_test_data(protocol, allow_test_selection):
+        return SELECTION_RULES
+    return tuple(r for r in SELECTION_RULES if r not in TEST_RULES)
 
 
 class PredictionTracker:
@@ -23,10 +53,13 @@ class PredictionTracker:
     best on validation); and, for the paper protocol, ``best_test`` (each eval key's predictions at the
     round where *that* key's metric is best: FAA-CLIP's code writes a client's ROC and decision-curve
     arrays whenever that client's test accuracy improves) and ``best_test_round`` (every key at the one
-    round best on the global test set, ``global/<metric>``)."""
+    round best on the global test set, ``global/<metric>``). ``rules``: the rules to track (those the
+    run's protocol allows, :func:`allowed_rules`); the test-set ones are neither computed nor kept
+    without them."""
 
-    def __init__(self, metric: str, val_key: str = "val_mean"):
+    def __init__(self, metric: str, val_key: str = "val_mean", rules: tuple[str, ...] = SELECTION_RULES):
         self.metric, self.val_key = metric, val_key
+        self.rules = tuple(rules)
         self.sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
         self.best = {"best_val": -np.inf, "best_test_round": -np.inf, "best_test": {}}
         self.predictions: dict[str, dict] = {}
@@ -40,9 +73,11 @@ class PredictionTracker:
         self.predictions["last"] = packed
         for rule, key in (("best_val", f"{self.val_key}/{self.metric}"), ("best_test_round", f"global/{self.metric}")):
             value = metrics.get(key)
-            if self._better(value, self.best[rule]):
+            if rule in self.rules and self._better(value, self.best[rule]):
                 self.best[rule] = self.sign * value
                 self.predictions[rule] = packed
+        if "best_test" not in self.rules:
+            return
         per_key = self.predictions.setdefault("best_test", {})
         for key, (probs, labels) in preds.items():
             value = metrics.get(f"{key}/{self.metric}")
@@ -60,6 +95,10 @@ class PredictionTracker:
                          "best_test": {}}
             self.predictions = {k: v for k, v in self.predictions.items() if k != "best_test"} | (
                 {"best_test_round": self.predictions["best_test"]} if "best_test" in self.predictions else {})
+        for rule in TEST_RULES:         # never carry a test-set selection into a run that may not keep one
+            if rule not in self.rules:
+                self.predictions.pop(rule, None)
+                self.best[rule] = {} if rule == "best_test" else -np.inf
 
 
 def resolve_rule(rule: str, protocol: str) -> str:

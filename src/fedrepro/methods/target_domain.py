@@ -2,8 +2,9 @@
 
 Both papers align each client's features with a "global set of unlabeled images". Which images that
 is depends on the protocol (engine: :func:`fedrepro.fl.federation.target_rows`): the global test set
-itself under ``paper`` (what the authors' code did), a disjoint reference set under ``clean``. Either
-way the method sees ``self.fed.reference`` with its labels hidden (y = -1).
+itself under ``paper`` (what the authors' code did), a disjoint reference set under ``clean`` (or, on a
+split without one and only with ``allow_test_selection: true``, the global test set). Either way the
+method sees ``self.fed.reference`` with its labels hidden (y = -1).
 
 Like the authors' infinite target loader, every local step draws the next batch of a stream that
 reshuffles the target set on every pass; the stream of client k in round r is keyed by
@@ -40,9 +41,13 @@ class DomainAdaptation(ModelAveraging):
 
     families = ("clip_fam", "clip_fam_images")
 
+    @classmethod
+    def reads_target(cls, params: dict) -> bool:
+        """Local steps draw target batches unless lambda_da = 0 (the "without DA" ablations)."""
+        return params["lambda_da"] > 0
+
     def uses_target(self) -> bool:
-        """Whether local steps draw target batches (not for the "without DA" ablations, lambda_da = 0)."""
-        return self.params["lambda_da"] > 0
+        return self.reads_target(self.params)
 
     def setup(self) -> None:
         require_family(self.ctx, self.families)

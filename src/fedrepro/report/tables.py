@@ -63,10 +63,11 @@ def metric_value(metrics: dict, eval_key: str, metric: str) -> float:
 
 
 def one_round(metrics: dict, folder: Path, selection: dict | None) -> dict:
-    """A run's metrics as the table reads them. A run selected on the test set (paper protocol: each
-    column's best over rounds) is re-read at one round for every column when the table says
-    ``selection: {rule: one_round, eval, metric}``: the round best on that eval set and metric (from
-    history.csv), e.g. a transferred model's column from the round selected on the source task."""
+    """A run's metrics as the table reads them. A run selected on the test set (paper protocol, or clean with
+    ``allow_test_selection``: each column's best over rounds) is re-read at one round for every column when
+    the table says ``selection: {rule: one_round, eval, metric}``: the round best on that eval set and metric
+    (from history.csv), e.g. a transferred model's column from the round selected on the source task. Any
+    other run (clean: selected on validation) is read as it is: its history is never searched."""
     if not selection or selection.get("rule", "per_column") != "one_round" or metrics["selection"]["rule"] != "best_test":
         return metrics
     from ..fl.selection import select
@@ -79,10 +80,19 @@ def one_round(metrics: dict, folder: Path, selection: dict | None) -> dict:
     return {**metrics, "eval": chosen, "selection": {**info, "rule": "best_test_round"}}
 
 
+def selected_on_test(project: Project, key: paths.RunKey) -> bool:
+    """Whether run ``key`` reports metrics selected on the test set (its resolved selection rule)."""
+    from ..fl.selection import TEST_RULES, resolve_rule
+
+    rule = project.train_config(key.paper, key.setting, key.method, key.protocol)["selection"]["rule"]
+    return resolve_rule(rule, key.protocol) in TEST_RULES
+
+
 def runs_inputs(item: ReportItem) -> list[str]:
-    """Every metrics.json (or downstream result) a ``runs`` table reads, its runs' history.csv when the
-    table re-reads them at one round, and the published CSV."""
+    """Every metrics.json (or downstream result) a ``runs`` table reads, the history.csv of runs selected on
+    the test set when the table re-reads them at one round, and the published CSV."""
     files: dict[str, None] = {}
+    one = (item.spec.get("selection") or {}).get("rule") == "one_round"
     for cell in item.project.resolved_cells(item.paper, item.name, item.protocol):
         for seed in item.seeds:
             key = paths.RunKey(item.paper, cell["protocol"], cell["setting"], cell["method"], seed)
@@ -90,7 +100,7 @@ def runs_inputs(item: ReportItem) -> list[str]:
                 files[paths.downstream(key, cell["task"])] = None
             else:
                 files[paths.run_file(key)] = None
-                if (item.spec.get("selection") or {}).get("rule") == "one_round":
+                if one and selected_on_test(item.project, key):
                     files[paths.run_file(key, "history.csv")] = None
     return list(files) + published_inputs(item)
 
@@ -129,7 +139,7 @@ def build_table(item: ReportItem) -> TableResult:
     col_labels = [c["label"] for c in columns]
 
     per_seed: list[dict] = []
-    protocols, rules = set(), set()
+    protocols, rules, test_data = set(), set(), set()
     for row, row_label in zip(rows, row_labels):
         values: dict[str, dict[int, float]] = {}
         for col in columns:
@@ -146,6 +156,7 @@ def build_table(item: ReportItem) -> TableResult:
                     metrics = one_round(read_json(require(folder / "metrics.json")), folder, spec.get("selection"))
                 protocols.add(metrics["run"]["protocol"])
                 rules.add(metrics["selection"]["rule"])
+                test_data |= notes_on_test_use(metrics)
                 values.setdefault(col["label"], {})[seed] = metric_value(metrics, cell["eval"], cell["metric"]) * cell["scale"]
         for col in columns:
             if "mean_of" in col and ("only" not in row or col["label"] in row["only"]):
@@ -163,12 +174,31 @@ def build_table(item: ReportItem) -> TableResult:
             records.append(cell_record(row_label, col_label, vals.tolist(), published))
     summary = pd.DataFrame(records)
     bars = project.config["report"]["error_bars"]
-    caption = make_caption(spec, table, project, protocols, rules, bars, len(seeds))
+    caption = make_caption(spec, table, project, protocols, rules, bars, len(seeds), test_data)
     return TableResult(table, spec.get("title", table), row_labels, col_labels, summary, seeds_frame, caption,
                        spec.get("decimals", 2))
 
 
-def make_caption(spec: dict, table: str, project: Project, protocols: set, rules: set, bars: str, n: int) -> str:
+OPT_IN = "by explicit opt-in (allow_test_selection: true)"
+TEST_DATA_NOTES = {
+    "clean_selection": f"Under the clean protocol these runs were selected on the test set {OPT_IN}.",
+    "clean_target": f"Domain-adaptation target under the clean protocol: the global test images (labels hidden), {OPT_IN}.",
+    "paper_target": "Domain-adaptation target: the global test images (labels hidden), as the authors' code did.",
+}
+
+
+def notes_on_test_use(metrics: dict) -> set[str]:
+    """Which of :data:`TEST_DATA_NOTES` a run's metrics.json calls for (its ``test_data`` record)."""
+    use = metrics.get("test_data") or {}
+    clean = use.get("protocol") == "clean"
+    notes = {"clean_selection"} if clean and use.get("selection_on_test") else set()
+    if use.get("target_is_test"):
+        notes.add("clean_target" if clean else "paper_target")
+    return notes
+
+
+def make_caption(spec: dict, table: str, project: Project, protocols: set, rules: set, bars: str, n: int,
+                 test_data: set[str] = frozenset()) -> str:
     parts = [spec.get("title", table) + "."]
     parts.append(f"Ours: mean ± {ERROR_BARS[bars]} (n = {n} seeds); the published value in parentheses.")
     if protocols:
@@ -183,6 +213,7 @@ def make_caption(spec: dict, table: str, project: Project, protocols: set, rules
                                         f"(selected on the test set)",
                      "last_k_mean": "mean of the last rounds"}
         parts.append("Model selection: " + "; ".join(described.get(r, r) for r in sorted(rules)) + ".")
+    parts += [TEST_DATA_NOTES[note] for note in sorted(test_data)]
     return " ".join(parts)
 
 

@@ -19,7 +19,9 @@ column, e.g. the demo twin, keeps its own order). The clients therefore get the 
 ``sum(n_train_sites)`` rows of the table regardless of their site, and the "test site" gets rows
 ``0 .. n_test - 1``, all of which are also training or validation rows of some client: the test set
 leaks into training and the site heterogeneity disappears. Offered only to reproduce the published
-numbers' protocol.
+numbers' protocol. The split file says so: its ``declared_overlaps`` lists the held-out rows' overlap with
+the clients (global test, and the reference set if one is carved from them), which the training run's
+disjointness check then lets through; every other overlap still stops the run.
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ def split_sites_authors_index(labels, sources, spec, rng) -> Partition:
     filtered = sources[np.isin(sources, train_sites)]             # the frame filtered to the training sites ...
     clients = [np.flatnonzero(filtered == site) for site in train_sites]   # ... positions in it, re-indexed from 0
     held_out = np.arange(int((sources == test_site).sum()))       # positions in the frame of the test site
-    return Partition(clients, held_out)                           # both used as rows of the unfiltered pool
+    reason = ("sites_authors_index reproduces the authors' indexing (lib/sampling.py::fundus_noniid): the held-out "
+              "'test site' is the first rows of the table, which are also rows of the training clients")
+    held_parts = ["global_test"] + (["reference"] if float(spec.get("reference_fraction", 0)) > 0 else [])
+    overlaps = [{"parts": [part, "clients"], "reason": reason} for part in held_parts]
+    return Partition(clients, held_out, overlaps)                 # both used as rows of the unfiltered pool
 
 
 split_sites_authors_index.pool_order = "metadata_row"
