@@ -1,6 +1,9 @@
 """End to end: the real Snakefile on a tiny config (demo data, 1 seed, 2 rounds), through the CLI."""
 
+import base64
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -73,6 +76,21 @@ def test_nothing_left_to_do_and_one_table_rebuilds_alone(pipeline):
     log = rebuild.stdout + rebuild.stderr
     assert "rule table:" in log or "localrule table:" in log
     assert "rule train:" not in log  # rebuilding a table runs no training
+
+
+def test_the_snakemake_report_has_a_scorecards_section(pipeline):
+    """`snakemake --report`: the scorecards are a category of their own, each page with its figure inside."""
+    work, env, _ = pipeline
+    result = snakemake(work, "--report", "results/report.html", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (work / "results/report.html").read_text()
+    categories = json.loads(re.search(r"var categories = (\{.*?\});\s*</script>", report, re.S).group(1))
+    assert set(categories["Scorecards"]["Other"]) == {"results/scorecards/foundation.html", "results/scorecards/all.html"}
+    results = json.loads(re.search(r"var results = (\{.*?\});\s*</script>", report, re.S).group(1))
+    page = results["results/scorecards/foundation.html"]
+    assert "Reproduction scorecard of" in page["caption"]
+    html = base64.b64decode(page["data_uri"].split("base64,", 1)[1]).decode()   # the page as the report embeds it
+    assert "<table id='scorecard'>" in html and "<img id='scorecard-figure' src='data:image/png;base64," in html
 
 
 def test_config_error_stops_before_any_job(tmp_path):

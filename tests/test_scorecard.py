@@ -48,25 +48,59 @@ def test_scorecard_cells_summary_and_rendering(tmp_path):
     files = scorecard.ScorecardFiles.at(tmp_path / "out" / "facmic")
     scorecard.write(card, "FACMIC scorecard", files, demo=True)
     page = files.html.read_text()
-    assert "<table id='scorecard'>" in page and "src='facmic.png'" in page and "Demo data" in page
+    assert "<table id='scorecard'>" in page and "src='data:image/png;base64," in page and "Demo data" in page
     assert files.png.stat().st_size > 5000
     assert pd.read_csv(files.csv)["verdict"].tolist() == card["verdict"].tolist()
     assert "| table2 | clean | FedAvg | SC | 40.00 | [37.52, 42.48] | 3 | 48.30 | -8.30 | below |" in files.md.read_text()
 
 
 @pytest.mark.slow
-def test_scorecard_page_renders_in_a_browser(tmp_path):
-    from browser import rendered
+def test_scorecard_page_of_real_tables_renders_in_a_browser(tiny_inputs, monkeypatch):
+    """The tiny grid's run trained for real under two seeds, its table built by `fedrepro table` and the
+    scorecard by `fedrepro scorecard` (what the rules run): Chromium shows the scorecard table and its
+    figure (loaded, not broken), and the card's cells are the table CSV's."""
+    import json
 
-    t1 = _table(tmp_path, "table1", [
-        {"row": "FedAvg", "column": "BT", "mean": 66.0, "std": 1.0, "se": 0.58, "ci95": 2.48, "n": 3, "published": 66.24, "delta": -0.24},
-        {"row": "FedProx", "column": "BT", "mean": 60.0, "std": 1.0, "se": 0.58, "ci95": 2.48, "n": 3, "published": 66.24, "delta": -6.24},
-    ])
-    files = scorecard.ScorecardFiles.at(tmp_path / "page" / "facmic")
-    scorecard.write(scorecard.build([("facmic", "table1", "clean", t1)]), "FACMIC scorecard", files)
-    state = rendered(files.html, ARTEFACTS / "scorecard.png")
+    import yaml
+
+    from browser import rendered
+    from fedrepro import paths
+    from fedrepro.cli import main as cli
+    from fedrepro.config import Project, deep_merge, load_yaml
+    from fedrepro.train import train_run
+    from infra_support import REPO, TINY_CONFIG
+
+    workdir, _ = tiny_inputs
+    monkeypatch.chdir(workdir)
+    paper = yaml.safe_load((REPO / "tests/data/infra/foundation.yaml").read_text())
+    paper["tables"]["accuracy"]["published"] = "foundation/tiny.csv"
+    Path("papers").mkdir(exist_ok=True)
+    Path("papers/foundation.yaml").write_text(yaml.safe_dump(paper))
+    Path("config/published/foundation").mkdir(parents=True, exist_ok=True)
+    Path("config/published/foundation/tiny.csv").write_text(
+        "# * derived by fedrepro: a value for this test.\nrow,BT (17 MRIs)\nFedCLIP,40.0*\n")
+    if not Path("workflow").exists():
+        Path("workflow").symlink_to(REPO / "workflow")
+    config = deep_merge(deep_merge(load_yaml(REPO / "config/config.yaml"), load_yaml(REPO / TINY_CONFIG)),
+                        {"paper_dir": "papers", "seeds": [0, 1]})
+    project = Project(config, root=".")
+    for key in project.runs():
+        train_run(project.run_config(key), paths.run_dir(key), paths.checkpoint_dir(key))
+    config_json = json.dumps(project.config, sort_keys=True)
+    table_md = paths.table("clean", "foundation", "accuracy", ".md")
+    cli(["table", "--config-json", config_json, "--protocol", "clean", "--paper", "foundation", "--table", "accuracy",
+         "--out", table_md])
+    cli(["scorecard", "--config-json", config_json, "--paper", "foundation", "--out", paths.scorecard("foundation")])
+
+    table = pd.read_csv(paths.table("clean", "foundation", "accuracy", ".csv"))
+    card = pd.read_csv(paths.scorecard("foundation", ".csv"))
+    assert len(card) == 1 and card.loc[0, "n"] == 2 and card.loc[0, "derived"]
+    assert card.loc[0, "mean"] == pytest.approx(table.loc[0, "mean"]) and card.loc[0, "published"] == 40.0
+    assert "(40.00*)<br>Δ " in Path(table_md).read_text()
+    state = rendered(Path(paths.scorecard("foundation")), ARTEFACTS / "scorecard.png")
     figure = [i for i in state["images"] if i["id"] == "scorecard-figure"]
     assert figure and figure[0]["ok"] and figure[0]["width"] > 300, state["images"]
     assert all(i["ok"] for i in state["images"]), state["images"]
-    assert {"id": "scorecard", "rows": 2} in state["tables"]
-    assert "1 of 2 cells within the 95% interval" in state["text"]
+    assert {"id": "scorecard", "rows": 1} in state["tables"]
+    assert "of 1 cells within the 95% interval" in state["text"] and "derived by fedrepro: a value" in state["text"]
+    assert (ARTEFACTS / "scorecard.png").stat().st_size > 10_000

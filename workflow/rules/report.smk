@@ -71,7 +71,8 @@ rule scorecard:
     input:
         scorecard_inputs,
     output:
-        html=report(paths.scorecard("{paper}"), category="Scorecards", labels={"paper": "{paper}"}),
+        html=report(paths.scorecard("{paper}"), category="Scorecards", caption="../report/scorecard.rst",
+                    labels={"paper": "{paper}"}),
         md=paths.scorecard("{paper}", ".md"),
         csv=paths.scorecard("{paper}", ".csv"),
         png=paths.scorecard("{paper}", ".png"),

@@ -14,11 +14,13 @@ another table) are marked ``derived`` by the published CSV itself (:mod:`fedrepr
 table CSV carries the mark and its footnote, and the scorecard prints both.
 One line per paper says how many cells reproduced ("12 of 40 cells within the 95% interval"). The
 scorecard is written as Markdown, HTML (with a figure: published vs ours, one point per cell with its
-interval, the diagonal drawn) and CSV.
+interval, the diagonal drawn; embedded in the page, so the page stands alone, e.g. in the Snakemake report)
+and CSV, the figure also as PNG and PDF.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 from dataclasses import dataclass
@@ -119,7 +121,8 @@ def render_markdown(card: pd.DataFrame, title: str, demo: bool = False) -> str:
     return "\n".join(lines + [""] + [f"{line}  " for line in footnotes(card)] + [FOOTNOTE, ""])
 
 
-def render_html(card: pd.DataFrame, title: str, figure: str | None, demo: bool = False) -> str:
+def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, demo: bool = False) -> str:
+    """The scorecard page; ``figure``: a PNG file, embedded as a data URI."""
     colour = {"reproduced": "#d9f2d9", "above": "#fff2cc", "below": "#f8d7da", "not run": "#eeeeee", "no interval": "#eeeeee"}
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     body = "".join("<tr style='background:{}'>{}</tr>".format(colour[r[-1]], "".join(f"<td>{html.escape(c)}</td>" for c in r))
@@ -132,7 +135,9 @@ def render_html(card: pd.DataFrame, title: str, figure: str | None, demo: bool =
     if demo:
         parts.append("<p><b>Demo data and small models: a verdict here says nothing about the papers.</b></p>")
     if figure:
-        parts.append(f"<img id='scorecard-figure' src='{html.escape(figure)}' alt='published vs ours' style='max-width:900px'>")
+        data = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
+        parts.append(f"<img id='scorecard-figure' src='data:image/png;base64,{data}' alt='published vs ours' "
+                     f"style='max-width:900px'>")
     notes = "".join(f"{html.escape(line)}<br>" for line in footnotes(card))
     parts += [f"<table id='scorecard'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
               f"<p id='footnotes'>{notes}{html.escape(FOOTNOTE)}</p></body></html>"]
@@ -184,4 +189,4 @@ def write(card: pd.DataFrame, title: str, files: ScorecardFiles, demo: bool = Fa
     write_csv(files.csv, card)
     plot(card, title, files.png)
     write_text(files.md, render_markdown(card, title, demo))
-    write_text(files.html, render_html(card, title, files.png.name, demo))
+    write_text(files.html, render_html(card, title, files.png, demo))
