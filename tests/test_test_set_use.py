@@ -54,6 +54,9 @@ def test_clean_config_asking_for_best_test_selection_is_refused(tmp_path):
     opted = project_with(tmp_path, with_train(selection={"rule": "best_test"}, allow_test_selection=True))
     run = opted.run_config(opted.runs()[0])
     assert run["train"]["allow_test_selection"] is True and run["protocol"] == "clean"
+    # a run that does not opt in keeps its configuration (and hash) as before the key existed
+    plain = project_with(tmp_path, BASE)
+    assert "allow_test_selection" not in plain.run_config(plain.runs()[0])["train"]
 
 
 def test_clean_domain_adaptation_on_the_test_set_is_refused(tmp_path):

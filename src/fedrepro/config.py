@@ -236,7 +236,7 @@ class Project:
         a table's ``one_round`` re-reads only runs selected that way) nor, for a domain-adaptation method, the
         global test set as its unlabeled target (a split without ``reference_fraction``). The paper protocol
         is the authors' and allows both. Refused here, before any job, naming what asks for it."""
-        from .fl.selection import TEST_RULES, resolve_rule
+        from .fl.selection import TEST_RULES, opted_in, resolve_rule
         from .registry import METHODS
 
         users: dict[tuple[str, str, str], list[str]] = {}
@@ -251,7 +251,7 @@ class Project:
         problems = []
         for (paper, setting, method), used_by in users.items():
             train = self.train_config(paper, setting, method, "clean")
-            if train["allow_test_selection"]:
+            if opted_in(train):
                 continue
             asks = []
             rule = resolve_rule(train["selection"]["rule"], "clean")

@@ -29,8 +29,8 @@ class ForbiddenTestUse(ValueError):
 
 
 def opted_in(train: dict) -> bool:
-    """A train block's ``allow_test_selection`` (schema default false; absent, as in a run config built by
-    hand, it reads as not opted in)."""
+    """A train block's ``allow_test_selection``. Unset means not opted in; it stays out of the resolved
+    train block then, so that run configurations (and their hashes) of runs that never opt in are unchanged."""
     return bool(train.get("allow_test_selection", False))
 
 
