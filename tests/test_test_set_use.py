@@ -221,3 +221,17 @@ def test_an_overlapping_split_stops_the_run_before_training(tiny_inputs, monkeyp
     Path(bad["paths"]["split"]).write_text(json.dumps(split))
     train_run(bad, "overlap/out", "overlap/ckpt")
     assert Path("overlap/out/metrics.json").exists()
+
+
+def test_a_run_config_that_bypassed_validation_is_refused_before_training(tiny_inputs, monkeypatch):
+    from fedrepro.fl.selection import ForbiddenTestUse
+    from fedrepro.train import train_run
+
+    workdir, run = tiny_inputs
+    monkeypatch.chdir(workdir)
+    bad = copy.deepcopy(run)
+    bad["train"]["selection"]["rule"] = "best_test"          # e.g. a hand-edited `fedrepro train --run` JSON
+    with pytest.raises(ForbiddenTestUse, match=r"foundation/bt_iid/fedclip \(protocol clean\) would read the test set "
+                                               r"\(selection rule 'best_test'.*allow_test_selection: true"):
+        train_run(bad, "bypass/out", "bypass/ckpt")
+    assert not Path("bypass").exists()

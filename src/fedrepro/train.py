@@ -38,7 +38,7 @@ from .fl.federation import (
     build_image_federation,
     check_disjoint,
     federation_datasets,
-    target_rows,
+    target_is_test,
 )
 from .fl.method import MethodContext
 from .fl.selection import (
@@ -109,16 +109,14 @@ def describe_test_use(run: dict, reads_target: bool, split: Split | None = None)
     training) a run that would read test data it may not."""
     allowed = may_read_test_data(run["protocol"], opted_in(run["train"]))
     rule = resolve_rule(run["train"]["selection"]["rule"], run["protocol"])
-    target_is_test = False
-    if reads_target and split is not None:
-        test_rows, ref_rows = target_rows(split, run["protocol"], opted_in(run["train"]))
-        target_is_test = bool(len(np.intersect1d(test_rows, ref_rows)))
-    if not allowed and (rule in TEST_RULES or target_is_test):
+    adapts_on_test = bool(reads_target and split is not None and len(split.global_test) + len(split.reference)
+                          and target_is_test(split, run["protocol"], opted_in(run["train"])))
+    if not allowed and (rule in TEST_RULES or adapts_on_test):
         raise ForbiddenTestUse(f"{run['paper']}/{run['setting']}/{run['method']} (protocol {run['protocol']}) would read "
-                               f"the test set (selection rule {rule!r}, target = test set: {target_is_test}); use the "
+                               f"the test set (selection rule {rule!r}, target = test set: {adapts_on_test}); use the "
                                f"paper protocol or set allow_test_selection: true in its train block")
     return {"protocol": run["protocol"], "allow_test_selection": opted_in(run["train"]),
-            "selection_on_test": rule in TEST_RULES, "target_is_test": target_is_test}
+            "selection_on_test": rule in TEST_RULES, "target_is_test": adapts_on_test}
 
 
 def summarise(history, run: dict, participants: int) -> dict:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..data.loader import FeatureSet
-from ..data.partition import Split
+from ..data.partition import Split, SplitError
 
 UNLABELED = -1
 
@@ -69,13 +69,19 @@ def target_rows(split: Split, protocol: str, allow_test: bool = False) -> tuple[
     if protocol == "paper":
         everything = np.sort(np.concatenate([split.global_test, split.reference]))
         return everything, everything
-    if allow_test and not len(split.reference):
+    if target_is_test(split, protocol, allow_test):
         return split.global_test, split.global_test
     return split.global_test, split.reference
 
 
-class SplitOverlap(ValueError):
-    pass
+def target_is_test(split: Split, protocol: str, allow_test: bool = False) -> bool:
+    """Whether the unlabeled target of :func:`target_rows` is the global test set itself (declared by the
+    protocol: ``paper``, or ``clean`` with the opt-in on a split without reference set)."""
+    return protocol == "paper" or (allow_test and not len(split.reference))
+
+
+class SplitOverlap(SplitError):
+    """A run's index sets overlap where its split does not declare it."""
 
 
 def _group(part: str) -> str:
@@ -92,7 +98,7 @@ def check_disjoint(split: Split, protocol: str, allow_test: bool = False, where:
             for name, parts in sorted(split.clients.items(), key=lambda kv: client_order(kv[0]))
             for part, rows in parts.items()}
     sets["global_test"] = np.asarray(test_rows, dtype=np.int64)
-    if not np.array_equal(test_rows, ref_rows):   # else the target IS the global test set, by the protocol
+    if not target_is_test(split, protocol, allow_test):   # else the target IS the global test set
         sets["reference"] = np.asarray(ref_rows, dtype=np.int64)
     sets["external"] = np.asarray(split.external, dtype=np.int64)
     allowed = {frozenset(d["parts"]) for d in split.declared_overlaps}
