@@ -295,6 +295,18 @@ def feature_federation(*, dim: int = 16, classes: int = 3, sizes=(12, 16, 20), v
                       [f"class{c}" for c in range(classes)], {"text_features": text})
 
 
+def shifted_reference(fed: Federation, n: int, shift: torch.Tensor, *, seed: int = 0, noise: float = 0.7):
+    """Replace ``fed.reference`` (cached features) by ``n`` unlabeled target features drawn like the
+    clients' (class text feature + ``noise`` x N(0, I)) and moved by ``shift`` (a known domain shift)
+    -> their true labels, which the method never sees (its reference has y = -1)."""
+    text = fed.extras["text_features"]
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % len(text)
+    x = text[y] + noise * torch.randn(n, text.shape[1], generator=gen) + shift
+    fed.reference = FeatureSet(x, torch.full((n,), -1), np.arange(10**6, 10**6 + n))
+    return y
+
+
 def image_federation(*, size: int = 32, channels: int = 3, classes: int = 3, sizes=(12, 16, 20), val: int = 6,
                      test: int = 6, global_test: int = 10, reference: int = 0, seed: int = 0, skew: float = 0.0,
                      class_names: list[str] | None = None, extra=None) -> Federation:
