@@ -279,10 +279,14 @@ def _labels(n: int, classes: int, gen: torch.Generator, skew: float) -> torch.Te
 
 
 def feature_federation(*, dim: int = 16, classes: int = 3, sizes=(12, 16, 20), val: int = 6, test: int = 6,
-                       global_test: int = 10, reference: int = 10, seed: int = 0, skew: float = 0.0) -> Federation:
-    """Cached-feature clients (CLIP image features around per-class text features)."""
+                       global_test: int = 10, reference: int = 10, seed: int = 0, skew: float = 0.0,
+                       nuisance: int = 0) -> Federation:
+    """Cached-feature clients (CLIP image features around per-class text features). The last
+    ``nuisance`` dimensions of the text features are 0: there the features are noise, no class."""
     gen = torch.Generator().manual_seed(seed)
     text = torch.randn(classes, dim, generator=gen)
+    if nuisance:
+        text[:, dim - nuisance:] = 0.0
     row = iter(range(10**6))
 
     def part(n, labelled=True):
