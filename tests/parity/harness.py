@@ -313,20 +313,28 @@ def shifted_reference(fed: Federation, n: int, shift: torch.Tensor, *, seed: int
 
 def image_federation(*, size: int = 32, channels: int = 3, classes: int = 3, sizes=(12, 16, 20), val: int = 6,
                      test: int = 6, global_test: int = 10, reference: int = 0, seed: int = 0, skew: float = 0.0,
-                     class_names: list[str] | None = None, extra=None) -> Federation:
-    """In-memory image clients: per-class mean colour patterns plus noise, already normalised tensors.
-    ``extra(y) -> dict of per-item lists`` adds columns (e.g. captions) to every dataset."""
+                     class_names: list[str] | None = None, extra=None, eval_skew: float | None = None,
+                     noise: float = 0.8, separation: float | None = None) -> Federation:
+    """In-memory image clients: per-class mean colour patterns plus ``noise`` x N(0, 1) per pixel, already
+    normalised tensors. ``extra(y) -> dict of per-item lists`` adds columns (e.g. captions) to every
+    dataset. ``eval_skew`` (default: ``skew``) is the label skew of the validation, test and global test
+    sets (0 = balanced). ``separation`` rescales the class mean colours so that the closest two are that
+    far apart (a known difficulty; default: as drawn)."""
     gen = torch.Generator().manual_seed(seed)
     means = torch.randn(classes, channels, 1, 1, generator=gen)
+    if separation is not None and classes > 1:
+        flat = means.flatten(1)
+        closest = torch.pdist(flat).min()
+        means = means * (separation / closest)
     row = iter(range(10**6))
 
-    def part(n, labelled=True):
-        y = _labels(n, classes, gen, skew)
-        x = means[y] + 0.8 * torch.randn(n, channels, size, size, generator=gen)
+    def part(n, labelled=True, train=False):
+        y = _labels(n, classes, gen, skew if train or eval_skew is None else eval_skew)
+        x = means[y] + noise * torch.randn(n, channels, size, size, generator=gen)
         extra_cols = extra(y) if extra else None
         return TensorImages(x, y.numpy() if labelled else np.full(n, -1), [next(row) for _ in range(n)], extra_cols)
 
-    clients = [ClientData(f"client{i}", i, part(n), part(val), part(test)) for i, n in enumerate(sizes)]
+    clients = [ClientData(f"client{i}", i, part(n, train=True), part(val), part(test)) for i, n in enumerate(sizes)]
     names = class_names or [f"class{c}" for c in range(classes)]
     return Federation(clients, part(global_test), part(reference, labelled=False) if reference else None, names)
 
