@@ -129,6 +129,24 @@ def test_loader_workers_change_nothing_and_leave_the_training_stream_alone(image
     assert all(torch.equal(a, b) for a, b in zip(inline, pooled))
 
 
+def test_an_item_seed_sets_the_cpu_stream_only(monkeypatch):
+    """An item's transform draws from the same CPU stream as under torch.manual_seed, without seeding
+    (or queueing a seed for) an accelerator on every item."""
+    from fedrepro.data.loader import seed_item
+
+    torch.manual_seed(123)
+    expected = torch.rand(4), np.random.RandomState(123).rand(2)
+
+    def no_accelerator(*args, **kwargs):
+        raise AssertionError("an item seed reached torch.cuda")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", no_accelerator)
+    monkeypatch.setattr(torch.cuda, "manual_seed", no_accelerator)
+    seed_item(123)
+    assert torch.equal(torch.rand(4), expected[0])
+    assert np.array_equal(np.random.rand(2), expected[1])
+
+
 def _image_models():
     """Every distinct image-model config of the full grid and the demo, with random-init weights
     (the transforms do not depend on the weights)."""

@@ -62,23 +62,37 @@ def tiny_model(model: dict) -> dict:
 
 
 def paper_run(paper: str, method: str, setting: str | None = None, *, seed: int = 0, train: dict | None = None,
-              model: dict | None = None, protocol: str | None = None) -> dict:
+              model: dict | None = None, protocol: str | None = None, params: dict | None = None) -> dict:
     """The resolved run config of a real paper file, with only its size shrunk.
 
     ``train`` is deep-merged into the train block (rounds, local steps, batch size, ...); ``model``
     replaces the model block (default: :func:`tiny_model` of the configured one). The method's
-    ``params`` are never touched: they are what the parity test checks. ``protocol`` resolves the run
-    under that protocol (a variant's ``protocols`` overrides included) unless the setting fixes its own.
+    ``params`` are what the parity tests check and stay as configured; a mechanism test
+    (tests/mechanisms/) that toggles one of them passes ``params``, deep-merged into the resolved
+    ones (every key must already exist there: the resolved params carry every schema default).
+    ``protocol`` resolves the run under that protocol (a variant's ``protocols`` overrides included)
+    unless the setting fixes its own.
     """
     proj = project()
     setting = setting or _first_setting(paper, method)
     run = copy.deepcopy(proj.run_config(proj.run_key(paper, setting, method, seed, protocol)))
+    if params:
+        _check_known(params, run["algorithm"]["params"], f"{paper}/{method} params")
+        run["algorithm"]["params"] = deep_merge(run["algorithm"]["params"], params)
     run["train"] = deep_merge(run["train"], train)
     run["train"]["num_workers"] = 0     # loader processes change no result (tests/test_image_cache.py); a job resolves them
     run["train"]["model"] = model if model is not None else tiny_model(run["train"]["model"])
     run["input"] = input_kind(run["train"]["model"]["family"])
     run["config_hash"] = hash_obj(run)
     return run
+
+
+def _check_known(changes: dict, resolved: dict, what: str) -> None:
+    for key, value in changes.items():
+        if key not in resolved:
+            raise KeyError(f"{what}: no parameter {key!r}; known: {sorted(resolved)}")
+        if isinstance(value, dict) and isinstance(resolved[key], dict):
+            _check_known(value, resolved[key], f"{what}.{key}")
 
 
 def _first_setting(paper: str, method: str) -> str:
@@ -108,11 +122,72 @@ def context(run: dict, fed: Federation) -> MethodContext:
     return MethodContext(run, fed, torch.device("cpu"), CommLedger(), logging.getLogger("parity"))
 
 
-def drive(run: dict, fed: Federation, workdir: Path) -> Driven:
-    """Run ``run["train"]["rounds"]`` rounds exactly as a training job does (minus file I/O)."""
+def drive(run: dict, fed: Federation, workdir: Path, observe=None) -> Driven:
+    """Run ``run["train"]["rounds"]`` rounds exactly as a training job does (minus file I/O).
+    ``observe(method)`` is called before the rounds, e.g. to attach an :class:`UpdateLog`."""
     method = method_class(run["algorithm"]["name"])(context(run, fed))
+    if observe is not None:
+        observe(method)
     result = run_rounds(method, fed, run, Path(workdir) / "resume.pt")
     return Driven(method, result)
+
+
+class UpdateLog:
+    """Records every client update a method makes while the engine drives it, without changing it:
+    ``entries`` = [{"round", "client", "sent": the shared tensors the client received, "payload":
+    what it uploaded, "stats", "captured": capture(method) right after the update (or None)}] in the
+    engine's order. Attach with ``drive(..., observe=log.attach)``; ``log.method`` is the method."""
+
+    def __init__(self, capture=None):
+        self.entries: list[dict] = []
+        self.capture = capture
+        self.method: FederatedMethod | None = None
+
+    def attach(self, method: FederatedMethod) -> None:
+        inner = method.local_update
+        self.method = method
+
+        def local_update(client, message, rnd):
+            sent = {k: v.detach().clone() for k, v in message.items() if isinstance(v, torch.Tensor)}
+            update = inner(client, message, rnd)
+            self.entries.append({"round": rnd, "client": client.name, "sent": sent,
+                                 "payload": {k: v.detach().clone() for k, v in update.payload.items()},
+                                 "stats": dict(update.stats),
+                                 "captured": self.capture(method) if self.capture else None})
+            return update
+
+        method.local_update = local_update
+
+    def rounds(self, rnd: int) -> list[dict]:
+        return [e for e in self.entries if e["round"] == rnd]
+
+    def drift(self, rnd: int, keys=None) -> dict[str, float]:
+        """client -> ||w_k - w_g|| in round ``rnd``: the distance between what the client uploaded and
+        the global model it received, over the floating-point entries both hold (or ``keys``)."""
+        out = {}
+        for e in self.entries:
+            if e["round"] == rnd:
+                common = [k for k in e["payload"] if k in e["sent"] and e["payload"][k].is_floating_point()
+                          and (keys is None or k in keys)]
+                out[e["client"]] = state_distance(e["payload"], e["sent"], common)
+        return out
+
+
+def task_parameters(method: FederatedMethod, batch: dict) -> list[str]:
+    """Names of the parameters of ``method.server`` that the model family's own loss reaches (a
+    gradient flows to them) on ``batch``: what the model predicts with, without parts only some
+    methods use (e.g. FedIIC's projector in a baseline run)."""
+    model = copy.deepcopy(method.server).train()
+    model.zero_grad(set_to_none=True)
+    out = method.family.forward(model, batch)
+    method.family.loss(out, batch).backward()
+    return [name for name, p in model.named_parameters() if p.grad is not None]
+
+
+def state_distance(a: dict, b: dict, keys=None) -> float:
+    """||a - b||_2 over the floating-point entries ``keys`` (default: every one of ``a``), in float64."""
+    keys = [k for k in (keys if keys is not None else a) if a[k].is_floating_point()]
+    return float(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys) ** 0.5)
 
 
 def initial_server(run: dict, fed: Federation) -> torch.nn.Module:
@@ -204,10 +279,14 @@ def _labels(n: int, classes: int, gen: torch.Generator, skew: float) -> torch.Te
 
 
 def feature_federation(*, dim: int = 16, classes: int = 3, sizes=(12, 16, 20), val: int = 6, test: int = 6,
-                       global_test: int = 10, reference: int = 10, seed: int = 0, skew: float = 0.0) -> Federation:
-    """Cached-feature clients (CLIP image features around per-class text features)."""
+                       global_test: int = 10, reference: int = 10, seed: int = 0, skew: float = 0.0,
+                       nuisance: int = 0) -> Federation:
+    """Cached-feature clients (CLIP image features around per-class text features). The last
+    ``nuisance`` dimensions of the text features are 0: there the features are noise, no class."""
     gen = torch.Generator().manual_seed(seed)
     text = torch.randn(classes, dim, generator=gen)
+    if nuisance:
+        text[:, dim - nuisance:] = 0.0
     row = iter(range(10**6))
 
     def part(n, labelled=True):
@@ -220,22 +299,42 @@ def feature_federation(*, dim: int = 16, classes: int = 3, sizes=(12, 16, 20), v
                       [f"class{c}" for c in range(classes)], {"text_features": text})
 
 
+def shifted_reference(fed: Federation, n: int, shift: torch.Tensor, *, seed: int = 0, noise: float = 0.7):
+    """Replace ``fed.reference`` (cached features) by ``n`` unlabeled target features drawn like the
+    clients' (class text feature + ``noise`` x N(0, I)) and moved by ``shift`` (a known domain shift)
+    -> their true labels, which the method never sees (its reference has y = -1)."""
+    text = fed.extras["text_features"]
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % len(text)
+    x = text[y] + noise * torch.randn(n, text.shape[1], generator=gen) + shift
+    fed.reference = FeatureSet(x, torch.full((n,), -1), np.arange(10**6, 10**6 + n))
+    return y
+
+
 def image_federation(*, size: int = 32, channels: int = 3, classes: int = 3, sizes=(12, 16, 20), val: int = 6,
                      test: int = 6, global_test: int = 10, reference: int = 0, seed: int = 0, skew: float = 0.0,
-                     class_names: list[str] | None = None, extra=None) -> Federation:
-    """In-memory image clients: per-class mean colour patterns plus noise, already normalised tensors.
-    ``extra(y) -> dict of per-item lists`` adds columns (e.g. captions) to every dataset."""
+                     class_names: list[str] | None = None, extra=None, eval_skew: float | None = None,
+                     noise: float = 0.8, separation: float | None = None) -> Federation:
+    """In-memory image clients: per-class mean colour patterns plus ``noise`` x N(0, 1) per pixel, already
+    normalised tensors. ``extra(y) -> dict of per-item lists`` adds columns (e.g. captions) to every
+    dataset. ``eval_skew`` (default: ``skew``) is the label skew of the validation, test and global test
+    sets (0 = balanced). ``separation`` rescales the class mean colours so that the closest two are that
+    far apart (a known difficulty; default: as drawn)."""
     gen = torch.Generator().manual_seed(seed)
     means = torch.randn(classes, channels, 1, 1, generator=gen)
+    if separation is not None and classes > 1:
+        flat = means.flatten(1)
+        closest = torch.pdist(flat).min()
+        means = means * (separation / closest)
     row = iter(range(10**6))
 
-    def part(n, labelled=True):
-        y = _labels(n, classes, gen, skew)
-        x = means[y] + 0.8 * torch.randn(n, channels, size, size, generator=gen)
+    def part(n, labelled=True, train=False):
+        y = _labels(n, classes, gen, skew if train or eval_skew is None else eval_skew)
+        x = means[y] + noise * torch.randn(n, channels, size, size, generator=gen)
         extra_cols = extra(y) if extra else None
         return TensorImages(x, y.numpy() if labelled else np.full(n, -1), [next(row) for _ in range(n)], extra_cols)
 
-    clients = [ClientData(f"client{i}", i, part(n), part(val), part(test)) for i, n in enumerate(sizes)]
+    clients = [ClientData(f"client{i}", i, part(n, train=True), part(val), part(test)) for i, n in enumerate(sizes)]
     names = class_names or [f"class{c}" for c in range(classes)]
     return Federation(clients, part(global_test), part(reference, labelled=False) if reference else None, names)
 
