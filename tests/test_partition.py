@@ -115,6 +115,24 @@ def test_leave_one_domain_out():
         assert "R" not in set(manifest.source.to_numpy()[np.concatenate(list(part.values()))])
 
 
+def test_a_sources_rule_may_keep_a_stratified_fraction_of_its_sources():
+    manifest = toy_manifest(n_per_class=(40, 40, 20, 20), sources=["A", "C", "P", "R"])
+    spec = {"kind": "by_source", "global_test": {"sources": ["R"], "fraction": 0.5},
+            "external": {"sources": ["P"], "fraction": 0.25}}
+    split = make_split(manifest, spec, seed=0)
+    sources, labels = manifest.source.to_numpy(), manifest.label.to_numpy()
+    for rows, source, fraction in ((split.global_test, "R", 0.5), (split.external, "P", 0.25)):
+        assert set(sources[rows]) == {source}
+        every = np.flatnonzero(sources == source)
+        for c in range(4):                    # stratified: the fraction of every class
+            assert (labels[rows] == c).sum() == round(fraction * (labels[every] == c).sum())
+    clients = np.concatenate([np.concatenate(list(p.values())) for p in split.clients.values()])
+    assert set(sources[clients]) == {"A", "C"}    # the rest of R and P is used by nobody
+    assert not set(clients) & (set(split.global_test) | set(split.external))
+    again = make_split(manifest, spec, seed=0)
+    assert np.array_equal(again.global_test, split.global_test) and np.array_equal(again.external, split.external)
+
+
 def test_pathological_clients_hold_disjoint_class_sets():
     manifest = toy_manifest(n_per_class=(10,) * 6)
     split = make_split(manifest, {"kind": "pathological", "clients": 3, "classes_per_client": 2, "ratios": {"train": 1.0}}, 1)

@@ -137,6 +137,21 @@ def cmd_scorecard(args) -> None:
                     is_demo(project))
 
 
+def cmd_evidence(args) -> None:
+    from .report import evidence
+
+    project = _project(args)
+    if not project.config.get("evidence"):
+        raise SystemExit("this configuration sets no learning bar (config key `evidence`)")
+    scores = evidence.write_page(project, Path(args.out).parent)
+    failed = evidence.failures(scores)
+    logging.getLogger("fedrepro").info("evidence: %d of %d runs clear the bar (%d exempt)", int(scores["passed"].sum()), len(scores),
+             int((scores["exempt"] != "").sum()))
+    if args.check and len(failed):
+        rows = failed[["paper", "protocol", "setting", "method", "seed", "value", "threshold"]].to_string(index=False)
+        raise SystemExit(f"{len(failed)} run(s) below the learning bar and not exempt (results/evidence/bar.csv):\n{rows}")
+
+
 def cmd_embed(args) -> None:
     from .embed import embed
 
@@ -231,6 +246,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--paper", required=True, help="a paper, or 'all'")
     p.add_argument("--out", required=True, help="results/scorecards/<paper>.html (the .md, .csv, .png beside it)")
     p.set_defaults(fn=cmd_scorecard)
+
+    p = sub.add_parser("evidence", help="did every run clear the learning bar? (results/evidence/)")
+    p.add_argument("--config-json", required=True)
+    p.add_argument("--out", default="results/evidence/index.html")
+    p.add_argument("--check", action="store_true", help="exit 1 if a run that is not exempt is below the bar")
+    p.set_defaults(fn=cmd_evidence)
 
     p = sub.add_parser("embed", help="extract what a figure needs from a trained model (features, prototype patches)")
     p.add_argument("--job", required=True, help="resolved embed job as JSON")

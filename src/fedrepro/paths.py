@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RAW_DIR = "resources/raw"
+WEIGHTS_DIR = "resources/weights"
 PUBLISHED_DIR = "config/published"
 RUN_FILES = ("metrics.json", "history.csv", "predictions.npz", "run_manifest.json")
 
@@ -81,6 +82,11 @@ def features(dataset: str, key: str) -> str:
     return f"resources/features/{dataset}/{key}.pt"
 
 
+def weights_file(model: str, name: str) -> str:
+    """A file of a model's pretrained weights, fetched or built once by the weights step."""
+    return f"{WEIGHTS_DIR}/{model}/{name}"
+
+
 def published(relative: str) -> str:
     """A published-values CSV named by a table's ``published:`` (relative to config/published)."""
     return f"{PUBLISHED_DIR}/{relative}"
@@ -127,6 +133,11 @@ def figure(protocol: str, paper: str, name: str, suffix: str = ".png") -> str:
 def scorecard(paper: str, suffix: str = ".html") -> str:
     """``paper``: a paper, or ``all`` for every paper together."""
     return f"results/scorecards/{paper}{suffix}"
+
+
+def evidence(name: str = "index.html") -> str:
+    """The learning-bar evidence page and its files (results/evidence/)."""
+    return f"results/evidence/{name}"
 
 
 def log(kind: str, name: str) -> str:

@@ -81,6 +81,9 @@ def paper_run(paper: str, method: str, setting: str | None = None, *, seed: int 
         run["algorithm"]["params"] = deep_merge(run["algorithm"]["params"], params)
     run["train"] = deep_merge(run["train"], train)
     run["train"]["num_workers"] = 0     # loader processes change no result (tests/test_image_cache.py); a job resolves them
+    # the specifications step torch's reference (multi-tensor) optimizers; the fused kernels a job uses by
+    # default compute the same update up to float rounding (tests/test_engine.py checks that)
+    run["train"]["optimizer"]["fused"] = False
     run["train"]["model"] = model if model is not None else tiny_model(run["train"]["model"])
     run["input"] = input_kind(run["train"]["model"]["family"])
     run["config_hash"] = hash_obj(run)

@@ -61,7 +61,8 @@ def all_outputs(wildcards=None) -> list[str]:
     tables = [paths.table(protocol, paper, table) for protocol, paper, table in PROJECT.tables()]
     figures = [paths.figure(protocol, paper, figure) for protocol, paper, figure in PROJECT.figures()]
     scorecards = [paths.scorecard(paper) for paper in PROJECT.papers] + [paths.scorecard("all")]
-    return tables + figures + scorecards
+    evidence = [paths.evidence()] if PROJECT.config.get("evidence") else []
+    return tables + figures + scorecards + evidence
 
 
 # ---- data --------------------------------------------------------------------------------------
@@ -163,6 +164,12 @@ def figure_inputs(wildcards) -> list[str]:
     from fedrepro.report.figures import figure_inputs, figure_item
 
     return figure_inputs(figure_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.figure))
+
+
+def evidence_inputs(wildcards=None) -> list[str]:
+    from fedrepro.report.evidence import run_inputs
+
+    return run_inputs(PROJECT)
 
 
 def scorecard_inputs(wildcards) -> list[str]:

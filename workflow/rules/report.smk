@@ -6,6 +6,7 @@ localrules:
     table,
     figure,
     scorecard,
+    evidence,
 
 
 rule embed:
@@ -85,3 +86,22 @@ rule scorecard:
         ENV
     shell:
         "fedrepro scorecard --config-json {params.config:q} --paper {wildcards.paper} --out {output.html} 2> {log}"
+
+
+rule evidence:
+    """Did every run clear the configuration's learning bar (config `evidence`, the demo's)? A page with
+    every run's score, one learning-curve figure per paper, and bar.csv."""
+    input:
+        evidence_inputs,
+    output:
+        html=report(paths.evidence(), category="Evidence", caption="../report/evidence.rst"),
+        md=paths.evidence("index.md"),
+        csv=paths.evidence("bar.csv"),
+    params:
+        config=lambda wc: json.dumps(PROJECT.config, sort_keys=True),
+    log:
+        paths.log("evidence", "index"),
+    conda:
+        ENV
+    shell:
+        "fedrepro evidence --config-json {params.config:q} --out {output.html} 2> {log}"

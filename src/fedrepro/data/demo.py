@@ -5,6 +5,8 @@
 - ``demo_fashion``: a class-balanced Fashion-MNIST subset from Debian's ``dataset-fashion-mnist``.
 - ``demo_domains``: the same images in four visual domains (original, inverted, rotated, edges), a
   real domain shift for leave-one-domain-out and multi-source settings.
+- ``demo_scanners``: Fashion-MNIST sneakers and bags as seen by four "sites" whose acquisition differs
+  mildly (contrast, brightness, blur, noise), as fundus cameras of different clinics do.
 - ``demo_digits``: scikit-learn's bundled 8x8 digits.
 The packages are located with ``importlib.util.find_spec`` and never imported (their ``__init__``
 pulls TensorFlow).
@@ -24,6 +26,8 @@ from ..registry import BUILDERS, builder
 from .spec import DatasetSpec
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_CLASS_INDEX = {name: i for i, name in enumerate(("t-shirt", "trouser", "pullover", "dress", "coat",
+                                                         "sandal", "shirt", "sneaker", "bag", "ankle-boot"))}
 BT_PREFIX_TO_CLASS = {"gl": "glioma_tumor", "me": "meningioma_tumor", "no": "no_tumor", "pi": "pituitary_tumor"}
 
 
@@ -111,6 +115,36 @@ def _domains(spec: DatasetSpec, dataset_dir: Path) -> None:
             for i in np.flatnonzero(labels == c)[d * per_class:(d + 1) * per_class]:
                 image = transform(Image.fromarray(images[i]))
                 _save(np.asarray(image), dataset_dir / domain / class_name / f"{domain}{i:05d}.png")
+
+
+def _acquisition(kind: str, image: Image.Image, rng: np.random.Generator) -> Image.Image:
+    if kind == "plain":
+        return image
+    if kind == "dim":                       # darker, lower contrast
+        return Image.fromarray((np.asarray(image, dtype=np.float32) * 0.55 + 20).astype(np.uint8))
+    if kind == "blurred":
+        return image.filter(ImageFilter.GaussianBlur(1.0))
+    if kind == "noisy":                      # sensor noise, fixed per image
+        noisy = np.asarray(image, dtype=np.float32) + rng.normal(0, 25, (image.height, image.width))
+        return Image.fromarray(noisy.clip(0, 255).astype(np.uint8))
+    raise ValueError(f"unknown acquisition {kind!r}; allowed: plain, dim, blurred, noisy")
+
+
+@builder("demo_scanners")
+def _scanners(spec: DatasetSpec, dataset_dir: Path) -> None:
+    """Site s takes the next ``counts[s][class]`` training images of each class (no image is shared by
+    two sites; the block starts after the images the other demo datasets use) under its acquisition."""
+    images, labels = fashion_arrays("train")
+    start = spec.options["first_image"]
+    taken = {c: start for c in spec.classes}
+    rng = np.random.default_rng(0)
+    for site, info in spec.options["sites"].items():
+        for class_name, count in info["counts"].items():
+            label = FASHION_CLASS_INDEX[class_name]
+            for i in np.flatnonzero(labels == label)[taken[class_name]:taken[class_name] + count]:
+                image = _acquisition(info["acquisition"], Image.fromarray(images[i]), rng)
+                _save(np.asarray(image), dataset_dir / site / class_name / f"{site}{i:05d}.png")
+            taken[class_name] += count
 
 
 @builder("demo_digits")

@@ -5,7 +5,9 @@ Flow (every step deterministic in the split seed):
 2. ``external``: set aside whole sources as an external evaluation set (e.g. another dataset of
    a derived manifest), evaluated on but never trained on.
 3. ``global_test``: set aside the global evaluation set: the official test split, whole target
-   sources (leave-one-domain-out), a stratified fraction, or nothing.
+   sources (leave-one-domain-out), a stratified fraction, or nothing. A sources rule (here or in
+   ``external``) may keep only a stratified ``fraction`` of those sources; their other rows are then
+   used by nobody (the demo keeps its evaluation sets small this way).
 4. ``reference``: carve a disjoint part of the global set out as *unlabeled* target images for
    domain adaptation under the clean protocol (never evaluated on).
 5. partition the remaining pool among clients with a registered splitter (iid, per-class
@@ -181,7 +183,7 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
     labels_all = manifest["label"].to_numpy()
     sources_all = manifest["source"].to_numpy().astype(str)
     rows = _subset_rows(manifest, spec.get("subset"))
-    external, rows = _external(manifest, rows, spec.get("external"))
+    external, rows = _external(manifest, rows, spec.get("external"), numpy_rng(seed, "split", "external"))
 
     rng = numpy_rng(seed, "split", "global")
     global_rows, pool = _global_test(manifest, rows, spec.get("global_test", "none"), rng)
@@ -249,8 +251,9 @@ def _subset_rows(manifest: pd.DataFrame, subset: dict | None) -> np.ndarray:
     return rows
 
 
-def _external(manifest: pd.DataFrame, rows: np.ndarray, rule: dict | None) -> tuple[np.ndarray, np.ndarray]:
-    """-> (external evaluation rows, remaining rows): every row of the listed sources."""
+def _external(manifest: pd.DataFrame, rows: np.ndarray, rule: dict | None, rng) -> tuple[np.ndarray, np.ndarray]:
+    """-> (external evaluation rows, remaining rows): the rows of the listed sources (a stratified
+    ``fraction`` of them if given; the others are left out of the split)."""
     if not rule:
         return np.zeros(0, dtype=int), rows
     sources = manifest["source"].to_numpy().astype(str)[rows]
@@ -258,7 +261,15 @@ def _external(manifest: pd.DataFrame, rows: np.ndarray, rule: dict | None) -> tu
     if unknown:
         raise SplitError(f"external: sources {unknown} are not in the manifest; available: {sorted(set(sources))}")
     chosen = np.isin(sources, rule["sources"])
-    return rows[chosen], rows[~chosen]
+    return _source_fraction(manifest, rows[chosen], rule, rng), rows[~chosen]
+
+
+def _source_fraction(manifest: pd.DataFrame, rows: np.ndarray, rule: dict, rng) -> np.ndarray:
+    """``rows`` (the rows of a rule's sources), or a stratified ``fraction`` of them when the rule has one."""
+    if "fraction" not in rule:
+        return rows
+    picked = _stratified_pick(manifest["label"].to_numpy()[rows], float(rule["fraction"]), rng)
+    return np.sort(rows[picked])
 
 
 def _global_test(manifest, rows, rule, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -274,7 +285,7 @@ def _global_test(manifest, rows, rule, rng) -> tuple[np.ndarray, np.ndarray]:
         in_target = np.isin(manifest["source"].to_numpy()[rows], rule["sources"])
         if not in_target.any():
             raise SplitError(f"global_test sources {rule['sources']} match no rows")
-        return rows[in_target], rows[~in_target]
+        return _source_fraction(manifest, rows[in_target], rule, rng), rows[~in_target]
     if isinstance(rule, dict) and "fraction" in rule:
         labels = manifest["label"].to_numpy()[rows]
         chosen = _stratified_pick(labels, float(rule["fraction"]), rng)

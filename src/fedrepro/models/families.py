@@ -215,7 +215,7 @@ class TimmClassifierNet(nn.Module):
 CLASSIFIER_PARAMS = {
     "backbone": {"type": "string", "default": "resnet18"},
     "pretrained": {
-        "description": "false, true (timm hub weights), or a path to a checkpoint file",
+        "description": "false, true (timm hub weights), or a checkpoint file (a path or package:<module>)",
         "oneOf": [{"type": "boolean"}, {"type": "string"}],
         "default": False,
     },

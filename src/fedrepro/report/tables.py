@@ -232,9 +232,22 @@ def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
         parts.append(f"{mark} {note.rstrip('.')}.")
     if item.spec.get("note"):
         parts.append(item.spec["note"])
+    parts += bar_exemptions(item)
     if is_demo(item.project):
         parts.append(DEMO_WARNING)
     return " ".join(parts)
+
+
+def bar_exemptions(item: ReportItem) -> list[str]:
+    """For a configuration with a learning bar (config ``evidence``): the methods of this table that
+    cannot clear it by their nature on the data, with the reason their paper file gives."""
+    if not item.project.config.get("evidence"):
+        return []
+    methods = item.project.papers[item.paper]["methods"]
+    exempt = dict.fromkeys(key.method for key in item.project.table_runs(item.paper, item.name, item.protocol)
+                           if methods[key.method].get("bar_exemption"))
+    return [f"{methods[m].get('label', m)} is not expected to clear the learning bar: {methods[m]['bar_exemption'].rstrip('.')}."
+            for m in exempt]
 
 
 def _number(value: float, decimals: int) -> str:

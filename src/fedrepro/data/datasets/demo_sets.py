@@ -36,7 +36,8 @@ register_dataset(DatasetSpec(
 register_dataset(DatasetSpec(
     name="demo_fashion",
     materialise="demo_fashion",
-    title="Fashion-MNIST subset from Debian's dataset-fashion-mnist (28x28 grey, written as PNG)",
+    title="Fashion-MNIST subset from Debian's dataset-fashion-mnist (28x28 grey, written as PNG): the first 300 "
+          "training and 50 test images of each class",
     classes=FASHION_CLASSES,
     sources=(Source("debian_package", "dataset-fashion-mnist",
                     note="/usr/share/datasets/fashion-mnist/*-idx?-ubyte.gz"),),
@@ -46,7 +47,7 @@ register_dataset(DatasetSpec(
     homepage="https://github.com/zalandoresearch/fashion-mnist",
     used_by=("demo",),
     expected_files=("train", "test"),
-    options={"train_per_class": 60, "test_per_class": 20},
+    options={"train_per_class": 300, "test_per_class": 50},
 ))
 
 register_dataset(DatasetSpec(
@@ -62,7 +63,7 @@ register_dataset(DatasetSpec(
     access="bundled",
     used_by=("demo",),
     expected_files=("original", "inverted", "rotated", "edges"),
-    options={"per_class_per_domain": 15},
+    options={"per_class_per_domain": 100},
 ))
 
 register_dataset(DatasetSpec(
@@ -80,22 +81,55 @@ register_dataset(DatasetSpec(
 
 
 register_dataset(DatasetSpec(
+    name="demo_scanners",
+    materialise="demo_scanners",
+    title="Fashion-MNIST sneakers and bags from four 'sites' of unequal size and class balance whose acquisition "
+          "differs mildly (plain, dim and low-contrast, blurred, noisy), like the fundus cameras of different clinics",
+    classes=("sneaker", "bag"),
+    sources=(Source("debian_package", "dataset-fashion-mnist",
+                    note="/usr/share/datasets/fashion-mnist/*-idx?-ubyte.gz"),),
+    layout="<site>/<class>/<site><index>.png",
+    prepare="domain_folders",
+    access="bundled",
+    used_by=("demo",),
+    expected_files=("site_a", "site_b", "site_c", "site_d"),
+    options={"first_image": 1500, "sites": {
+        "site_a": {"acquisition": "plain", "counts": {"sneaker": 160, "bag": 120}},
+        "site_b": {"acquisition": "dim", "counts": {"sneaker": 90, "bag": 150}},
+        "site_c": {"acquisition": "blurred", "counts": {"sneaker": 130, "bag": 70}},
+        "site_d": {"acquisition": "noisy", "counts": {"sneaker": 80, "bag": 100}}}},
+))
+
+register_dataset(DatasetSpec(
     name="demo_sites",
-    title="Demo twin of eyepacs_aptos, binary like it: the sneaker and bag images of the four demo_domains "
-          "domains as sites of unequal size and class balance (inverted 30, original 30, edges 24, rotated "
-          "21 images), plus those of the demo_fashion test images (source 'fashion_test') as an external test set",
+    title="Demo twin of eyepacs_aptos, binary like it: the four demo_scanners sites (280, 240, 200 and 180 images), "
+          "plus the sneakers and bags of the demo_fashion test images (source 'fashion_test', 100) as an external "
+          "test set",
     classes=("sneaker", "bag"),
     sources=(),
-    layout="no files of its own: built from the demo_domains and demo_fashion manifests",
+    layout="no files of its own: built from the demo_scanners and demo_fashion manifests",
     prepare="with_external",
     access="bundled",
     used_by=("demo",),
-    depends_on=("demo_domains", "demo_fashion"),
-    options={"base": "demo_domains", "external": "demo_fashion", "external_source": "fashion_test",
-             "external_split": "test", "subsample": {"edges": {"sneaker": 0.6}, "rotated": {"bag": 0.4}}},
+    depends_on=("demo_scanners", "demo_fashion"),
+    options={"base": "demo_scanners", "external": "demo_fashion", "external_source": "fashion_test",
+             "external_split": "test"},
 ))
 
 
+register_dataset(DatasetSpec(
+    name="demo_fashion_lt",
+    title="Long-tailed subset of demo_fashion (class c keeps floor(300 * 20^(-c/9)) images, 1,018 in all): the "
+          "offline class-imbalanced demo",
+    classes=FASHION_CLASSES,
+    sources=(Source("debian_package", "dataset-fashion-mnist", note="derived from demo_fashion"),),
+    layout="(derived from the demo_fashion manifest)",
+    prepare="long_tail_subset",
+    access="bundled",
+    used_by=("demo",),
+    depends_on=("demo_fashion",),
+    options={"source": "demo_fashion", "imbalance_ratio": 20.0, "max_per_class": 300, "seed": 0},
+))
 
 
 register_dataset(DatasetSpec(

@@ -1,0 +1,228 @@
+"""Did every method learn? The learning bar of a configuration (``evidence`` in config/demo.yaml) and
+the evidence page that shows it: results/evidence/{index.md, index.html, bar.csv, <paper>.png}.
+
+Every run is scored by what its task reports at its selected round:
+
+- classification: balanced accuracy (BACC) on the global test set. Chance is 1 / the number of classes
+  present in that set, so predicting the majority class of a long-tailed set scores chance. A
+  personalized method (its clients keep their own models, e.g. FedAdapterProto) is scored by the mean
+  of its clients' own models on the global test set (``client<k>@global``), what its tables report.
+- retrieval: Recall@1 averaged over the clients' held-out pairs; random is 1 / the pool a text ranks
+  its image in (``retrieval.pool``, or the client's pair count when smaller).
+
+A run passes when it reaches chance + ``bacc_above_chance`` (retrieval: ``recall_times_random`` x
+random). A method whose nature rules that out on the data names the reason in its paper file
+(``bar_exemption``); its runs are reported as exempt, not failed, and the reason appears in the
+captions of the tables it is in. The page also draws, per paper, the scored metric per round of every
+method (mean and 95% t-interval over seeds), from the runs' ``history.csv``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import paths
+from ..config import Project
+from ..io import atomic_path, read_json
+from ..paths import RunKey
+from .plotting import grid, pyplot, save_figure
+from .stats import t_quantile_975
+
+PERSONAL = re.compile(r"^client\d+@global$")
+
+
+def bar_spec(project: Project) -> dict | None:
+    return project.config.get("evidence")
+
+
+def exemption(project: Project, paper: str, method: str) -> str | None:
+    return project.papers[paper]["methods"][method].get("bar_exemption")
+
+
+def task_of(project: Project, key: RunKey) -> str:
+    from ..registry import model_class
+
+    return model_class(project.run_config(key)["train"]["model"]["family"]).task
+
+
+def run_inputs(project: Project) -> list[str]:
+    """Every file the evidence reads: each run's metrics, predictions and history."""
+    return [paths.run_file(key, name) for key in project.runs()
+            for name in ("metrics.json", "predictions.npz", "history.csv")]
+
+
+def score_run(project: Project, key: RunKey) -> dict:
+    """One run's scored value against its bar."""
+    spec = bar_spec(project) or {}
+    metrics = read_json(paths.run_file(key, "metrics.json"))
+    evals = metrics["eval"]
+    row = {"paper": key.paper, "protocol": key.protocol, "setting": key.setting, "method": key.method, "seed": key.seed}
+    if task_of(project, key) == "retrieval":
+        pool = project.run_config(key)["train"]["model"]["retrieval"]["pool"]
+        clients = [v for k, v in evals.items() if re.fullmatch(r"client\d+", k) and v.get("n")]
+        random = float(np.mean([1.0 / min(pool, c["n"]) for c in clients])) if clients else math.nan
+        value = evals.get("clients_mean", {}).get("recall@1", math.nan)
+        row.update(task="retrieval", metric="recall@1 (clients_mean)", value=value, chance=random,
+                   threshold=spec.get("recall_times_random", 3.0) * random)
+    else:
+        personal = sorted(k for k in evals if PERSONAL.match(k))
+        keys = personal or ["global"]
+        value = float(np.mean([evals[k]["bacc"] for k in keys])) if all(k in evals for k in keys) else math.nan
+        predictions = np.load(paths.run_file(key, "predictions.npz"))
+        labels = predictions[f"selected:{keys[0]}/labels"]
+        chance = 1.0 / len(np.unique(labels)) if len(labels) else math.nan
+        row.update(task="classification", metric="bacc (" + ("clients' models on global" if personal else "global") + ")",
+                   value=value, chance=chance, threshold=chance + spec.get("bacc_above_chance", 0.25))
+    reason = exemption(project, key.paper, key.method)
+    row["exempt"] = reason or ""
+    row["passed"] = bool(value >= row["threshold"]) if not math.isnan(value) else False
+    return row
+
+
+def score_runs(project: Project) -> pd.DataFrame:
+    return pd.DataFrame([score_run(project, key) for key in project.runs()])
+
+
+def failures(scores: pd.DataFrame) -> pd.DataFrame:
+    """Runs below the bar that are not exempt."""
+    return scores[~scores["passed"] & (scores["exempt"] == "")]
+
+
+def curve_column(history: pd.DataFrame, task: str) -> pd.Series:
+    """The scored metric per evaluated round of one run."""
+    if task == "retrieval":
+        column = history.get("clients_mean/recall@1")
+    else:
+        personal = [c for c in history.columns if PERSONAL.match(c.rsplit("/", 1)[0]) and c.endswith("/bacc")]
+        column = history[personal].mean(axis=1, skipna=False) if personal else history.get("global/bacc")
+    if column is None:
+        return pd.Series(dtype=float)
+    return pd.Series(column.to_numpy(), index=history["round"].to_numpy()).dropna()
+
+
+def draw_paper(project: Project, paper: str, scores: pd.DataFrame, out_png: Path) -> None:
+    """One panel per (protocol, setting): the scored metric per round of every method, mean and 95%
+    t-interval over seeds, with the bar as a dashed line."""
+    plt = pyplot()
+    mine = scores[scores["paper"] == paper]
+    panels = list(mine.groupby(["protocol", "setting"], sort=False))
+    fig, axes = grid(plt, len(panels), 3, size=(5.0, 3.6))
+    for ax, ((protocol, setting), runs) in zip(axes, panels):
+        for method, seeds in runs.groupby("method", sort=False):
+            series = [curve_column(pd.read_csv(paths.run_file(RunKey(paper, protocol, setting, method, s), "history.csv")),
+                                   seeds["task"].iloc[0]) for s in seeds["seed"]]
+            table = pd.concat(series, axis=1).dropna(how="all")
+            if table.empty:
+                continue
+            n = table.notna().sum(axis=1)
+            mean = 100 * table.mean(axis=1)
+            half = 100 * table.std(axis=1) / np.sqrt(n) * n.map(lambda k: t_quantile_975(k - 1) if k > 1 else 0.0)
+            label = project.papers[paper]["methods"][method].get("label", method)
+            line, = ax.plot(mean.index, mean, marker="o", markersize=3, label=label)
+            ax.fill_between(mean.index, mean - half.fillna(0), mean + half.fillna(0), alpha=0.15, color=line.get_color())
+        bar = 100 * runs["threshold"].mean()
+        ax.axhline(bar, color="black", linestyle="--", linewidth=1, label="bar")
+        ax.set_title(f"{setting} ({protocol})")
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"{runs['metric'].iloc[0]} (%)")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(f"{paper}: scored metric per round, mean and 95% t-interval over {len(project.seeds)} seeds")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    save_figure(fig, out_png)
+    plt.close(fig)
+
+
+def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """One row per (paper, protocol, setting, method): the value over seeds and how many seeds passed."""
+    rows = []
+    for (paper, protocol, setting, method), runs in scores.groupby(["paper", "protocol", "setting", "method"], sort=False):
+        values = runs["value"].to_numpy(dtype=float)
+        n = len(values)
+        half = t_quantile_975(n - 1) * values.std(ddof=1) / np.sqrt(n) if n > 1 else math.nan
+        rows.append({"paper": paper, "protocol": protocol, "setting": setting, "method": method,
+                     "metric": runs["metric"].iloc[0], "mean": values.mean(), "ci95": half,
+                     "bar": runs["threshold"].mean(), "seeds passed": f"{int(runs['passed'].sum())}/{n}",
+                     "exempt": runs["exempt"].iloc[0]})
+    return pd.DataFrame(rows)
+
+
+def markdown(summary: pd.DataFrame, project: Project) -> str:
+    spec = bar_spec(project) or {}
+    lines = ["# Evidence: did every method learn?", "",
+             f"Bar: classification BACC >= chance + {100 * spec.get('bacc_above_chance', 0.25):.0f} points on the global "
+             f"test set (chance = 1 / classes present); retrieval Recall@1 >= {spec.get('recall_times_random', 3.0):g} x "
+             f"random. Values: mean and 95% t-interval over {len(project.seeds)} seeds, in %.", ""]
+    passed, total = summary["seeds passed"].str.split("/").str[0], summary["seeds passed"].str.split("/").str[1]
+    failed = summary[(passed != total) & (summary["exempt"] == "")]
+    lines += [f"**{len(summary) - len(failed)} of {len(summary)} (setting, method) rows clear the bar with every seed.**", ""]
+    for paper, rows in summary.groupby("paper", sort=False):
+        lines += [f"## {paper}", "", f"![{paper}]({paper}.png)", "",
+                  "| protocol | setting | method | metric | ours | bar | seeds passed | exempt because |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows.to_dict("records"):
+            label = project.papers[paper]["methods"][r["method"]].get("label", r["method"])
+            ci = f" ± {100 * r['ci95']:.1f}" if not math.isnan(r["ci95"]) else ""
+            lines.append(f"| {r['protocol']} | {r['setting']} | {label} | {r['metric']} | {100 * r['mean']:.1f}{ci} | "
+                         f"{100 * r['bar']:.1f} | {r['seeds passed']} | {r['exempt']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_page(project: Project, out_dir: str | Path) -> pd.DataFrame:
+    """bar.csv (every run), index.md and index.html (figures embedded), one figure per paper."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scores = score_runs(project)
+    with atomic_path(out_dir / "bar.csv") as tmp:
+        scores.to_csv(tmp, index=False)
+    summary = summary_table(scores)
+    for paper in scores["paper"].unique():
+        draw_paper(project, paper, scores, out_dir / f"{paper}.png")
+    text = markdown(summary, project)
+    with atomic_path(out_dir / "index.md") as tmp:
+        Path(tmp).write_text(text)
+    with atomic_path(out_dir / "index.html") as tmp:
+        Path(tmp).write_text(to_html(text, out_dir))
+    return scores
+
+
+def to_html(text: str, folder: Path) -> str:
+    """The Markdown page as a self-contained HTML page (figures as data URIs, so it also works inside the
+    Snakemake report)."""
+    body, table = [], []
+
+    def flush():
+        if table:
+            cells = [[c.strip() for c in line.strip("|").split("|")] for line in table if not set(line) <= set("|-")]
+            head, *rows = cells
+            body.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"
+                        + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+                        + "</table>")
+            table.clear()
+
+    for line in text.split("\n"):
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        flush()
+        image = re.fullmatch(r"!\[(.*)\]\((.*)\)", line)
+        if image:
+            data = base64.b64encode((folder / image.group(2)).read_bytes()).decode()
+            body.append(f'<img alt="{html.escape(image.group(1))}" src="data:image/png;base64,{data}" style="max-width:100%">')
+        elif line.startswith("## "):
+            body.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith("# "):
+            body.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line:
+            body.append(f"<p>{html.escape(line).replace('**', '')}</p>")
+    flush()
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>Evidence</title><style>{style}</style></head>" \
+           f"<body>{''.join(body)}</body></html>"

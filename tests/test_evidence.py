@@ -1,0 +1,97 @@
+"""The learning bar and the evidence page (fedrepro.report.evidence) on run files written by the test: what
+each task scores, chance from the classes present, personalized methods scored by their clients' own
+models, exemptions named in captions, and the check that fails a run below the bar."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedrepro import paths
+from fedrepro.config import load_project
+from fedrepro.io import write_json
+from fedrepro.report import evidence
+
+ROOT_CONFIG = "config/demo.yaml"
+
+
+def write_run(key, evals: dict, labels: np.ndarray, history: pd.DataFrame) -> None:
+    write_json(paths.run_file(key), {"eval": evals})
+    np.savez(paths.run_file(key, "predictions.npz"), **{f"selected:{k}/labels": labels for k in evals})
+    history.to_csv(paths.run_file(key, "history.csv"), index=False)
+
+
+@pytest.fixture
+def project(root, tmp_path, monkeypatch):
+    project = load_project([root / ROOT_CONFIG], {"papers": ["fedadapterproto", "feddra"]}, root=root)
+    monkeypatch.chdir(tmp_path)
+    return project
+
+
+def fill(project, bacc: float = 0.9, recall: float = 0.5, low: tuple = ()) -> None:
+    """Every run of ``project`` written with these scores; (method, seed) in ``low`` score chance."""
+    for key in project.runs():
+        Path(paths.run_file(key)).parent.mkdir(parents=True, exist_ok=True)
+        poor = (key.method, key.seed) in low
+        if key.paper == "feddra":
+            value = 0.05 if poor else recall
+            evals = {f"client{i}": {"recall@1": value, "n": 200} for i in range(3)} | {"clients_mean": {"recall@1": value}}
+            history = pd.DataFrame({"round": [1, 2], "clients_mean/recall@1": [value / 2, value]})
+        else:
+            value = 0.5 if poor else bacc
+            evals = {f"client{i}@global": {"bacc": value} for i in range(3)} | {"global": {"bacc": 0.5}}
+            history = pd.DataFrame({"round": [1, 2, 3], **{f"client{i}@global/bacc": [0.5, np.nan, value] for i in range(3)}})
+        write_run(key, evals, np.array([0, 1] * 50), history)
+
+
+def test_scores_use_the_task_and_the_clients_own_models(project):
+    fill(project, low={("fedavg", 1)})
+    scores = evidence.score_runs(project)
+    assert len(scores) == len(project.runs())
+    proto = scores[scores["paper"] == "fedadapterproto"]
+    assert (proto["chance"] == 0.5).all() and np.allclose(proto["threshold"], 0.75)
+    ours = proto[(proto["method"] == "fedadapterproto") & (proto["seed"] == 0)].iloc[0]
+    assert ours["value"] == 0.9 and ours["passed"] and "clients' models" in ours["metric"]     # not the server's 0.5
+    drra = scores[scores["paper"] == "feddra"]
+    pool = project.run_config(project.runs()[-1])["train"]["model"]["retrieval"]["pool"]
+    assert np.allclose(drra["chance"], 1 / pool) and np.allclose(drra["threshold"], 3 / pool)
+    failed = evidence.failures(scores)
+    assert set(zip(failed["method"], failed["seed"])) == {("fedavg", 1)}          # both papers' fedavg, seed 1
+    assert set(failed["paper"]) == {"fedadapterproto", "feddra"}
+
+
+def test_an_exempt_method_is_reported_not_failed_and_named_in_captions(project):
+    from fedrepro.report.tables import bar_exemptions, table_item
+
+    project.papers["feddra"]["methods"]["fedmae"]["bar_exemption"] = "its image encoder starts at random"
+    fill(project, low={("fedmae", s) for s in project.seeds})
+    scores = evidence.score_runs(project)
+    assert evidence.failures(scores).empty
+    fedmae = scores[scores["method"] == "fedmae"]
+    assert (~fedmae["passed"]).all() and (fedmae["exempt"] != "").all()
+    caption = bar_exemptions(table_item(project, "clean", "feddra", "table2"))
+    assert caption == ["FedMAE (ConVIRT) is not expected to clear the learning bar: its image encoder starts at random."]
+
+
+def test_the_page_draws_every_paper_and_the_check_names_failing_runs(project, tmp_path, root):
+    from fedrepro import cli
+
+    for folder in ("workflow", "config"):               # the CLI reads the schemas and paper files from its cwd
+        (tmp_path / folder).symlink_to(root / folder)
+    fill(project, low={("fedprox", 2)})
+    scores = evidence.write_page(project, "results/evidence")
+    page = (tmp_path / "results/evidence/index.md").read_text()
+    assert "## fedadapterproto" in page and "## feddra" in page and "2/3" in page
+    for paper in ("fedadapterproto", "feddra"):
+        assert (tmp_path / f"results/evidence/{paper}.png").stat().st_size > 10_000
+    assert "data:image/png;base64," in (tmp_path / "results/evidence/index.html").read_text()
+    assert len(pd.read_csv(tmp_path / "results/evidence/bar.csv")) == len(scores)
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["evidence", "--config-json", json.dumps(project.config), "--check"])
+    assert "1 run(s) below the learning bar" in str(refused.value) and "fedprox" in str(refused.value)
+    fill(project)
+    cli.main(["evidence", "--config-json", json.dumps(project.config), "--check"])     # all clear: no exit
