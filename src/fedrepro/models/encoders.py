@@ -1,11 +1,14 @@
 """Encoders by name: open_clip models (name + pretrained tag, a local checkpoint, or random init)
 and timm backbones.
 
-- ``pretrained="openai"`` (or any open_clip tag) downloads weights the normal way (real use).
-- ``pretrained="/path/to/open_clip_pytorch_model.bin"`` loads a local checkpoint (offline clusters).
+- ``pretrained="openai"`` (or any open_clip tag) loads the tag's checkpoint from
+  ``resources/weights/open_clip--<name>--<tag>/``, fetched once by the ``weights`` rule
+  (:mod:`fedrepro.models.weights`); nothing is downloaded here.
+- ``pretrained="/path/to/open_clip_pytorch_model.bin"`` loads a user's own checkpoint.
 - ``name="local-dir:/path"`` loads an open_clip export folder (config + weights).
 - ``pretrained="none"`` builds a random-init model; with ``name="fedrepro-tiny-clip"`` (a 64-px,
   2-layer config shipped with this package) that is what tests and the demo use.
+- timm backbones with ``pretrained=True`` load ``resources/weights/timm--<name>/`` the same way.
 """
 
 from __future__ import annotations
@@ -56,12 +59,27 @@ def _open_clip():
 
 
 def load_open_clip(name: str, pretrained: str = "none", device: str = "cpu"):
-    """-> (model in eval mode, open_clip's own eval preprocess, tokenizer)."""
+    """-> (model in eval mode, open_clip's own eval preprocess, tokenizer). A pretrained tag loads the
+    verified local copy of its checkpoint (a :class:`~fedrepro.models.weights.WeightsError` names the
+    file and the fetch command when it is missing or wrong)."""
+    from .depth import cut_depth
+    from .weights import encoder_weights, is_local_path, loading
+
     open_clip = _open_clip()
     tag = None if pretrained in ("none", "", None) else pretrained
-    if tag is not None and ("/" in tag or tag.endswith((".bin", ".pt", ".pth", ".safetensors"))) and not Path(tag).is_file():
-        raise FileNotFoundError(f"open_clip checkpoint {tag} not found")
-    model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=tag, device=device)
+    if tag is not None and is_local_path(tag) and not Path(tag).is_file():
+        raise FileNotFoundError(f"open_clip checkpoint {tag} not found (encoder.pretrained: a tag such as openai, "
+                                f"a path to a checkpoint file, or none)")
+    if encoder_weights({"name": name, "pretrained": pretrained}):
+        from .weight_sources import open_clip_checkpoint
+
+        spec, path, options = open_clip_checkpoint(name, tag)
+        with loading(spec, path):
+            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=str(path), device=device,
+                                                                         **options)
+    else:
+        model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=tag, device=device)
+    cut_depth(model)
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(name)
 
@@ -77,8 +95,9 @@ def frozen_clip(encoder: dict, device: str = "cpu"):
     run seed starts from the same "pretrained" weights; the caller's random state is left untouched.
     """
     from ..seeding import kept_rng_state, seed_global
+    from .depth import current_limit
 
-    key = (encoder["name"], encoder["pretrained"], device)
+    key = (encoder["name"], encoder["pretrained"], device, current_limit())
     if key not in _FROZEN:
         with kept_rng_state():
             seed_global(0, "init")
@@ -118,13 +137,27 @@ def encoder_transform(encoder: dict, model, clip_preprocess):
 
 
 def create_timm(name: str, num_classes: int, pretrained: bool | str = False, **kwargs):
-    """A timm model; ``pretrained`` may be a checkpoint path (loaded with the classifier head left
-    at its fresh init, since the number of classes differs)."""
+    """A timm model; ``pretrained``: false (random init), true (timm's hub weights, from the verified
+    local copy the ``weights`` rule fetched, loaded by timm's own pretrained loader) or a checkpoint
+    path (loaded with the classifier head left at its fresh init, since the number of classes differs)."""
+    from .depth import cut_depth
+
+    return cut_depth(_create_timm(name, num_classes, pretrained, **kwargs))
+
+
+def _create_timm(name: str, num_classes: int, pretrained: bool | str = False, **kwargs):
     import timm
     import torch
 
+    if pretrained is True:
+        from .weight_sources import timm_checkpoint
+        from .weights import loading
+
+        spec, resolved, options = timm_checkpoint(name)
+        with loading(spec, Path(options["pretrained_cfg_overlay"]["file"])):
+            return timm.create_model(resolved, num_classes=num_classes, **options, **kwargs)
     if not isinstance(pretrained, str):
-        return timm.create_model(name, pretrained=bool(pretrained), num_classes=num_classes, **kwargs)
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
     model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
     state = torch.load(pretrained, map_location="cpu", weights_only=True)
     state = state.get("state_dict", state)
