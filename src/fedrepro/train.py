@@ -37,6 +37,8 @@ from .fl.method import MethodContext
 from .fl.selection import SELECTION_RULES, resolve_rule, select, validation_key
 from .io import atomic_path, read_json, sha256_file, torch_save, write_csv, write_json
 from .models.families import build_family
+from .models.weights import require as require_weights
+from .models.weights import weight_specs
 from .provenance import run_manifest
 from .registry import dataset, method_class
 from .seeding import configure_determinism
@@ -135,7 +137,9 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     # loader workers are an execution setting: resolved from the job's CPUs, recorded, never hashed
     workers = resolve_workers(run["train"]["num_workers"])
     run = {**run, "train": {**run["train"], "num_workers": workers}}
+    weights = require_weights(weight_specs(run["train"]["model"]))   # before any data is read
     fed, hashes = load_federation(run)
+    hashes["weights"] = weights
     ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log)
     method = method_class(run["algorithm"]["name"])(ctx)
     resume = checkpoint_dir / "resume.pt"
