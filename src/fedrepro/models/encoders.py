@@ -78,10 +78,27 @@ def load_open_clip(name: str, pretrained: str = "none", device: str = "cpu"):
             model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=str(path), device=device,
                                                                          **options)
     else:
-        model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=tag, device=device)
+        model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=tag, device=device,
+                                                                     **shallow_config(open_clip, name))
     cut_depth(model)
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(name)
+
+
+def shallow_config(open_clip, name: str) -> dict:
+    """Under :func:`fedrepro.models.depth.depth_limit`, the tower configs of ``name`` with fewer layers
+    (built that way instead of built whole and cut: a full ViT-B/16's initialisation takes seconds)."""
+    from .depth import current_limit
+
+    limit, config = current_limit(), open_clip.get_model_config(name)
+    if limit is None or not config:
+        return {}
+    towers = {}
+    for tower in ("vision_cfg", "text_cfg"):
+        cfg = dict(config.get(tower) or {})
+        if isinstance(cfg.get("layers"), int):
+            towers[tower] = {**cfg, "layers": min(cfg["layers"], limit)}
+    return towers
 
 
 _FROZEN: dict[tuple, tuple] = {}
@@ -140,9 +157,25 @@ def create_timm(name: str, num_classes: int, pretrained: bool | str = False, **k
     """A timm model; ``pretrained``: false (random init), true (timm's hub weights, from the verified
     local copy the ``weights`` rule fetched, loaded by timm's own pretrained loader) or a checkpoint
     path (loaded with the classifier head left at its fresh init, since the number of classes differs)."""
-    from .depth import cut_depth
+    from .depth import current_limit, cut_depth
 
+    if current_limit() is not None and "depth" not in kwargs:
+        kwargs = {**kwargs, **_shallow_vit(name, current_limit(), num_classes, kwargs)}
     return cut_depth(_create_timm(name, num_classes, pretrained, **kwargs))
+
+
+def _shallow_vit(name: str, limit: int, num_classes: int, kwargs: dict) -> dict:
+    """Under the smoke test's depth cut, a timm ViT is built with ``depth`` blocks (its real depth is
+    read off a model on the meta device, which costs nothing): initialising a whole ViT-B takes seconds."""
+    import timm
+    import torch
+    from timm.models import model_entrypoint
+
+    if not model_entrypoint(name).__module__.endswith((".vision_transformer", ".deit")):
+        return {}
+    with torch.device("meta"):
+        depth = len(timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs).blocks)
+    return {"depth": min(depth, limit)}
 
 
 def _create_timm(name: str, num_classes: int, pretrained: bool | str = False, **kwargs):

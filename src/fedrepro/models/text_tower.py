@@ -114,6 +114,10 @@ def text_config(text: dict):
         config = AutoConfig.from_pretrained(_folder(model), **overrides)
     if text.get("layers"):
         config.num_hidden_layers = int(text["layers"])   # the FedDRA code keeps the first 6 of BERT's layers
+    from .depth import current_limit
+
+    if current_limit() is not None:                      # the smoke test's depth cut, built that way
+        config.num_hidden_layers = min(config.num_hidden_layers, current_limit())
     return config
 
 
