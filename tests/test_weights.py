@@ -198,6 +198,9 @@ def test_own_files_and_random_init_need_no_fetching(tmp_path):
 def test_fetch_writes_the_files_and_a_manifest_with_every_sha256(hub, checkpoints):
     import hashlib
 
+    killed = Path("resources/weights/.open_clip--fedrepro-tiny-clip--fake.partial-999999")   # a fetch that was killed
+    killed.mkdir(parents=True)
+    (killed / "open_clip_model.safetensors").write_bytes(b"half")
     manifest = W.fetch(CLIP_SPEC)
     folder = Path("resources/weights/open_clip--fedrepro-tiny-clip--fake")
     assert sorted(p.name for p in folder.iterdir()) == ["open_clip_model.safetensors", "weights.json"]
@@ -207,7 +210,7 @@ def test_fetch_writes_the_files_and_a_manifest_with_every_sha256(hub, checkpoint
     assert json.loads((folder / "weights.json").read_text()) == manifest
     assert manifest["source"] == {"hub": CLIP_REPO, "revision": REVISION, "file": "open_clip_model.safetensors"}
     assert manifest["primary"] == "open_clip_model.safetensors" and manifest["load"] == {"quick_gelu": True}
-    assert not list(Path("resources/weights").glob(".*partial*"))      # the staging folder is gone
+    assert not list(Path("resources/weights").glob(".*partial*"))      # staging folders are gone, the stale one too
 
     hub.clear()
     W.fetch(CLIP_SPEC)                                      # a verified copy is not fetched again ...

@@ -330,8 +330,9 @@ def fetch(spec: WeightSpec, root: str | Path = paths.WEIGHTS_DIR, force: bool = 
             log.info("%s: already fetched and verified (%s)", spec.id, manifest_path(spec, root))
             return manifest
     final = folder(spec, root)
+    for stale in final.parent.glob(f".{spec.id}.partial-*"):      # left by a fetch that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     staging = final.parent / f".{spec.id}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     source = weight_source(spec.kind)
     try:
