@@ -10,8 +10,8 @@ and optional targets (default ``all``); both commands use them to ask Snakemake 
 push   checks that Snakemake has nothing left to do (else it refuses, unless --force), records the
        outputs of every stage in dvc.yaml that exists (or of --stages) in dvc.lock, uploads them to
        the default DVC remote, and commits dvc.lock (only that file) to git. `git push` shares it.
-pull   downloads the stages (default: manifests, splits, runs, tables, figures; no raw data, feature
-       caches or checkpoints), checks that the workspace now matches dvc.lock, then lets Snakemake
+pull   downloads the stages (default: manifests, splits, runs, tables, figures; no raw data, weights,
+       feature caches or checkpoints), checks that the workspace now matches dvc.lock, then lets Snakemake
        re-order modification times (``snakemake --touch``). DVC does not keep mtimes, so without
        this step Snakemake would see inputs newer than outputs and rerun them. The touch is done
        only when DVC confirms the files are exactly the pushed ones; afterwards ``snakemake -n``

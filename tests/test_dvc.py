@@ -21,7 +21,7 @@ from infra_support import (
 )
 
 STAGE_OUTS = {
-    "raw": "resources/raw", "manifests": "resources/manifests", "splits": "resources/splits",
+    "raw": "resources/raw", "weights": "resources/weights", "manifests": "resources/manifests", "splits": "resources/splits",
     "images": "resources/images", "features": "resources/features", "runs": "results/runs", "checkpoints": "results/checkpoints",
     "embeddings": "results/embeddings", "tables": "results/tables", "figures": "results/figures",
     "scorecards": "results/scorecards",

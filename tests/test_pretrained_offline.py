@@ -6,6 +6,7 @@ encoder with a CNN image tower."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,17 +61,35 @@ def test_composite_keeps_its_batchnorm_statistics_while_training(towers):
     assert model.visual.trunk.bn1.weight.requires_grad                  # scale and shift still train
 
 
-def test_aligned_composite_refuses_a_missing_or_foreign_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(composite, "alignment_file", lambda name: str(tmp_path / name / "aligned.pt"))
-    with pytest.raises(FileNotFoundError, match=f"fedrepro weights {COMPOSITE}"):
+def test_aligned_composite_is_a_weights_resource_built_once_and_checked(tmp_path, monkeypatch):
+    """``pretrained: aligned`` is declared like a download (composite--<name>--aligned), built by the
+    weights step offline, verified by SHA-256 when loaded; missing, foreign or changed files are refused."""
+    from fedrepro.models import weights as W
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")                     # built here: needs no hub
+    spec, = W.encoder_weights({"name": COMPOSITE, "pretrained": "aligned"})
+    assert spec.id == f"composite--{COMPOSITE}--aligned"
+    assert W.encoder_weights({"name": COMPOSITE, "pretrained": "towers"}) == []
+    with pytest.raises(W.WeightsMissing, match=f"fedrepro weights {spec.id}"):
         composite.load(COMPOSITE, "aligned")
-    (tmp_path / COMPOSITE).mkdir()
-    torch.save({"state": {"visual.head.proj.weight": torch.zeros(3)}}, tmp_path / COMPOSITE / "aligned.pt")
-    with pytest.raises(ValueError, match="does not hold the projections"):
+    fast = composite.config(COMPOSITE)["fedrepro"]["align"] | {"rows_per_class": [1000, 1010], "steps": 5}
+    real_align = composite.align
+    monkeypatch.setattr(composite, "align", lambda name: real_align(name, spec=fast))
+    manifest = W.fetch(spec)
+    assert manifest["source"]["built"] == "fedrepro.models.composite.align" and manifest["source"]["pairs"] == 100
+    model = composite.load(COMPOSITE, "aligned")[0]
+    fitted = torch.load(W.local_path(spec), weights_only=True)["state"]
+    assert torch.equal(model.state_dict()["text.proj.weight"], fitted["text.proj.weight"])
+    path = W.local_path(spec)
+    path.write_bytes(path.read_bytes()[:-1] + b"x")                   # same size, changed
+    with pytest.raises(W.WeightsCorrupt, match="SHA-256"):
         composite.load(COMPOSITE, "aligned")
-    (tmp_path / COMPOSITE / "aligned.pt").write_bytes(b"truncated")
-    with pytest.raises(ValueError, match="cannot be read"):
-        composite.load(COMPOSITE, "aligned")
+    monkeypatch.setattr(composite, "align", lambda name: {"state": {"visual.head.proj.weight": torch.zeros(3)},
+                                                          "report": {}})
+    with pytest.raises(W.WeightsCorrupt, match="does not hold the projections"):
+        W.fetch(spec, force=True)
+    assert not list(Path("resources/weights").glob(".*partial*"))
 
 
 def test_alignment_fits_the_projections_on_held_out_pairs_only():

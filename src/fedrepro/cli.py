@@ -158,6 +158,41 @@ def cmd_embed(args) -> None:
     embed(json.loads(args.job), args.out)
 
 
+def cmd_weights(args) -> None:
+    """Fetch (default), verify (--check) or list (--list) pretrained-weights resources."""
+    from .models import weights as W
+
+    log = logging.getLogger("fedrepro.weights")
+    if args.ids:
+        try:
+            specs = [W.WeightSpec.from_id(i) for i in args.ids]
+        except ValueError as error:
+            raise W.WeightsError(str(error)) from None
+    else:
+        from .config import load_project
+
+        specs = list(load_project(args.configfile or None).weights().values())
+    failed = []
+    for spec in specs:
+        try:
+            if args.list or args.check:
+                manifest = W.check(spec, args.root, deep=args.check)
+                size = sum(r["bytes"] for r in manifest["files"].values())
+                print(f"{'verified' if args.check else 'present':9} {spec.id}  ({size / 1e6:.1f} MB)  {spec.describe()}")
+            else:
+                W.fetch(spec, args.root, force=args.force)
+        except W.WeightsError as error:
+            if args.list and isinstance(error, W.WeightsMissing) and not W.manifest_path(spec, args.root).exists():
+                print(f"{'missing':9} {spec.id}  {spec.describe()}")
+                continue
+            failed.append(spec.id)
+            log.error("%s", error)
+    if not specs:
+        print("this configuration loads no pretrained weights (every model is random init or a local file)")
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(specs)} weights resource(s) failed: {', '.join(failed)}")
+
+
 def cmd_validate(args) -> None:
     from .config import load_project
 
@@ -165,7 +200,12 @@ def cmd_validate(args) -> None:
     runs = project.runs()
     print(f"config OK: {len(project.papers)} paper(s), {len(runs)} runs, {len(list(project.tables()))} tables, "
           f"{len(list(project.figures()))} figures, {len(project.splits())} splits, {len(project.features())} feature caches, "
-          f"{len(project.downstream_jobs())} downstream evaluations")
+          f"{len(project.downstream_jobs())} downstream evaluations, {len(project.weights())} pretrained weights "
+          f"resources (fedrepro weights --list)")
+
+
+# jobs that load models: they read pretrained weights from resources/weights with the hubs switched off
+OFFLINE_JOBS = ("train", "features", "downstream", "embed")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -258,23 +298,39 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_embed)
 
+    p = sub.add_parser("weights", help="fetch pretrained weights once into resources/weights/ (run it where there "
+                                       "is internet: jobs load the local copies offline)")
+    p.add_argument("ids", nargs="*", help="weights ids, e.g. open_clip--ViT-B-16--openai, timm--efficientnet_b0, "
+                                         "hf--bert-base-cased--model (default: every resource the configuration needs)")
+    p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
+    p.add_argument("--root", default="resources/weights", help="where the local copies live")
+    p.add_argument("--force", action="store_true", help="fetch again even if a verified copy is there")
+    p.add_argument("--check", action="store_true", help="verify every file's SHA-256 instead of fetching")
+    p.add_argument("--list", action="store_true", help="list the resources and whether they are present")
+    p.set_defaults(fn=cmd_weights)
+
     p = sub.add_parser("validate", help="validate the configuration and count what it would build")
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
     p.set_defaults(fn=cmd_validate)
 
     args = parser.parse_args(argv)
     log = _setup_logging(args.verbose)
+    if args.command in OFFLINE_JOBS:
+        from .models.weights import force_offline
+
+        force_offline()
     from .config import ConfigError
     from .data.download import DownloadError
     from .data.image_cache import StaleImageCache
     from .data.images import CorruptImageError
     from .data.manifest import ManifestError
     from .data.partition import SplitError
+    from .models.weights import WeightsError
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
-            FileNotFoundError) as error:
+            WeightsError, FileNotFoundError) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

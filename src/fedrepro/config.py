@@ -375,6 +375,19 @@ class Project:
                 out[(run["dataset"], run["features"]["key"])] = run["features"]["encoder"]
         return out
 
+    def weights(self) -> dict:
+        """id -> :class:`~fedrepro.models.weights.WeightSpec` of every pretrained resource some job loads:
+        the models of the runs (training; downstream and embedding jobs rebuild the same models, with no
+        more weights) and the encoders of the feature caches."""
+        from .models.weights import encoder_weights, weight_specs
+
+        out = {}
+        for key in self.runs():
+            out.update((spec.id, spec) for spec in weight_specs(self.run_config(key)["train"]["model"]))
+        for encoder in self.features().values():
+            out.update((spec.id, spec) for spec in encoder_weights(encoder))
+        return dict(sorted(out.items()))
+
     def image_cache_paths(self, dataset: str, model: dict) -> dict[str, str] | None:
         """{"train": file, "eval": file} of the decode-once image caches an image run reads (None for
         runs on cached features, or with ``data.image_cache: false``)."""

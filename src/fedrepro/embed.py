@@ -26,6 +26,9 @@ from .seeding import numpy_rng
 
 def embed(job: dict, out: str | Path) -> None:
     """Run the extractor of ``job["figure"]["kind"]`` and write its arrays to ``out`` (.npz)."""
+    from .models.weights import require, weight_specs
+
+    require(weight_specs(model_config(job["run"])))    # the pretrained files the model is built from, before any data
     arrays = EXTRACTORS.get(job["figure"]["kind"]).obj(job)
     with atomic_path(out) as tmp:
         with open(tmp, "wb") as fh:
@@ -40,13 +43,20 @@ def _checkpoint(job: dict) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)["model"]
 
 
+def model_config(run: dict) -> dict:
+    """The model an embed job rebuilds to load a trained checkpoint into: a backbone's pretrained
+    weights (``pretrained``) are off, the checkpoint provides every weight of it; a frozen CLIP
+    encoder, which the checkpoint does not hold, is still loaded."""
+    cfg = {**run["train"]["model"]}
+    if "pretrained" in cfg:
+        cfg["pretrained"] = False
+    return cfg
+
+
 def _family(run: dict, classes: list[str]):
     from .models.families import build_family
 
-    cfg = {**run["train"]["model"]}
-    if "pretrained" in cfg:
-        cfg["pretrained"] = False            # the checkpoint provides every weight
-    return build_family(cfg, classes, {})
+    return build_family(model_config(run), classes, {})
 
 
 # --------------------------------------------------------------------------------------------

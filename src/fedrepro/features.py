@@ -59,13 +59,16 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
 def build_feature_cache(manifest_path: Path, raw_root: Path, class_names: list[str], encoder: dict, out: Path,
                         device: torch.device, workers: int = 0, draft: bool = True) -> dict:
     from .data.manifest import read_manifest
+    from .models.weights import encoder_weights, require
 
+    fetched = require(encoder_weights(encoder))    # the encoder's weights are there and intact, before any image
     manifest = read_manifest(manifest_path)
     cache = encode_dataset(manifest, raw_root, class_names, encoder, device, workers=workers, draft=draft)
     cache["jpeg_draft"] = draft
     cache["manifest_sha256"] = sha256_file(manifest_path)
     weights = Path(encoder["pretrained"])
-    # provenance of the weights: the file's digest for a local checkpoint, else the open_clip tag
-    cache["weights"] = {"sha256": sha256_file(weights)} if weights.is_file() else {"tag": encoder["pretrained"]}
+    # provenance of the weights: a local checkpoint's digest, or the tag and its fetched files' digests
+    cache["weights"] = ({"sha256": sha256_file(weights)} if weights.is_file()
+                        else {"tag": encoder["pretrained"], "files": fetched})
     torch_save(out, cache)
     return cache

@@ -10,6 +10,8 @@ live side by side and never overwrite each other.
     resources/splits/<split>.json                         client index file (+ .counts.csv, .png)
     resources/images/<dataset>/<decode spec>.u8           decode-once image cache (+ .index.npz)
     resources/features/<dataset>/<encoder key>.pt         frozen-encoder feature cache
+    resources/weights/<weights id>/                       pretrained weights, fetched once (+ weights.json:
+                                                          every file's SHA-256, the source and its revision)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
     results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt while running)
@@ -82,9 +84,14 @@ def features(dataset: str, key: str) -> str:
     return f"resources/features/{dataset}/{key}.pt"
 
 
-def weights_file(model: str, name: str) -> str:
-    """A file of a model's pretrained weights, fetched or built once by the weights step."""
-    return f"{WEIGHTS_DIR}/{model}/{name}"
+def weights_dir(weights_id: str, root: str = WEIGHTS_DIR) -> str:
+    """The local copy of one pretrained-weights resource (``fedrepro.models.weights``)."""
+    return f"{root}/{weights_id}"
+
+
+def weights_manifest(weights_id: str, root: str = WEIGHTS_DIR) -> str:
+    """Written last by the ``weights`` rule: every file's SHA-256 and size, the source and its revision."""
+    return f"{root}/{weights_id}/weights.json"
 
 
 def published(relative: str) -> str:

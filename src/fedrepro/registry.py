@@ -3,24 +3,26 @@
 Every pluggable piece registers itself where it is defined, the way timm's ``@register_model`` does,
 together with what the configuration may say about it:
 
-=================  ==========================================  ==========================================
-registry           decorator / call (where)                    what it stores
-=================  ==========================================  ==========================================
-``METHODS``        ``@register_method(name, params=...)``      the FL algorithm class + its params schema
-                   (fedrepro/methods/*.py)
-``MODELS``         ``@register_model(name, input=..., ...)``   the model family class + its schema, what it
-                   (fedrepro/models/*.py)                      trains on, its decode specs and weights
-``DATASETS``       ``register_dataset(DatasetSpec(...))``      a dataset's sources, classes, preparer
-                   (fedrepro/data/datasets/*.py)
-``PREPARERS``      ``@preparer(name)``                         raw layout -> manifest functions
-``SPLITTERS``      ``@splitter(name)``                         partition functions (data/partition.py,
-                                                               data/splitters/*.py)
-``BUILDERS``       ``@builder(name)``                          offline demo-data builders (data/demo.py)
-``TABLE_KINDS``    ``@register_table_kind(name, inputs=...)``  table builders + the files their rule reads
-``FIGURE_KINDS``   ``@register_figure_kind(name, inputs=...)`` figure drawers + the files their rule reads
-``EXTRACTORS``     ``@register_extractor(figure kind)``        what the ``embed`` rule extracts from a
-                   (fedrepro/embed.py)                         trained model for such a figure
-=================  ==========================================  ==========================================
+==================  ==========================================  ==========================================
+registry            decorator / call (where)                    what it stores
+==================  ==========================================  ==========================================
+``METHODS``         ``@register_method(name, params=...)``      the FL algorithm class + its params schema
+                    (fedrepro/methods/*.py)
+``MODELS``          ``@register_model(name, input=..., ...)``   the model family class + its schema, what it
+                    (fedrepro/models/*.py)                      trains on, its decode specs and weights
+``DATASETS``        ``register_dataset(DatasetSpec(...))``      a dataset's sources, classes, preparer
+                    (fedrepro/data/datasets/*.py)
+``PREPARERS``       ``@preparer(name)``                         raw layout -> manifest functions
+``SPLITTERS``       ``@splitter(name)``                         partition functions (data/partition.py,
+                                                                data/splitters/*.py)
+``BUILDERS``        ``@builder(name)``                          offline demo-data builders (data/demo.py)
+``TABLE_KINDS``     ``@register_table_kind(name, inputs=...)``  table builders + the files their rule reads
+``FIGURE_KINDS``    ``@register_figure_kind(name, inputs=...)`` figure drawers + the files their rule reads
+``EXTRACTORS``      ``@register_extractor(figure kind)``        what the ``embed`` rule extracts from a
+                    (fedrepro/embed.py)                         trained model for such a figure
+``WEIGHT_SOURCES``  ``@register_weight_source(kind)``           where pretrained weights of one kind come
+                    (fedrepro/models/weight_sources.py)         from (open_clip tag, timm hub, HF repository)
+==================  ==========================================  ==========================================
 
 A registry imports the modules of its packages the first time it is asked (``fedrepro.methods``,
 ...), so a new module registers itself by existing. The configuration's validation schema for
@@ -109,6 +111,7 @@ BUILDERS = Registry("demo-data builder", ("fedrepro.data.demo",))
 TABLE_KINDS = Registry("table kind", ("fedrepro.report",))
 FIGURE_KINDS = Registry("figure kind", ("fedrepro.report",))
 EXTRACTORS = Registry("embedding extractor", ("fedrepro.embed",))
+WEIGHT_SOURCES = Registry("weight source", ("fedrepro.models",))
 
 
 def method_class(name: str):
@@ -145,8 +148,9 @@ def register_model(name: str, *, input: str, params: dict | None = None, decode:
     ``input``: what it trains on (cached encoder ``features``, ``images``, ``image_text`` pairs);
     ``params``: the schema of ``train.model`` (its ``family`` key is added here); ``decode``:
     ``cfg -> {"train": DecodeSpec, "eval": DecodeSpec}`` for image families, from the config alone
-    (the DAG names the decode-once caches before any model exists); ``weights``: ``cfg -> [weight
-    resources]`` the family loads (fetched once by the ``weights`` rule).
+    (the DAG names the decode-once caches before any model exists); ``weights``: ``cfg ->
+    [WeightSpec]``, the pretrained files the family loads for this config, from the config alone
+    (:mod:`fedrepro.models.weights`; the ``weights`` rule fetches each once, jobs load the local copy).
     """
     if input not in INPUTS:
         raise ValueError(f"model family {name!r}: input must be one of {list(INPUTS)}, not {input!r}")
@@ -195,3 +199,9 @@ def register_extractor(figure_kind: str) -> Callable:
     """A function ``(embed job) -> {name: array}`` that extracts from a trained model what figures of
     ``figure_kind`` draw (the ``embed`` rule writes it as .npz)."""
     return EXTRACTORS.register(figure_kind)
+
+
+def register_weight_source(kind: str) -> Callable:
+    """A source of pretrained weights (a :class:`fedrepro.models.weights.WeightSource` subclass):
+    how files of ``kind`` are fetched once on a machine with internet, and what a job loads offline."""
+    return WEIGHT_SOURCES.register(kind)

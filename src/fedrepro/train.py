@@ -53,6 +53,8 @@ from .fl.selection import (
 )
 from .io import atomic_path, read_json, sha256_file, torch_save, write_csv, write_json
 from .models.families import build_family
+from .models.weights import require as require_weights
+from .models.weights import weight_specs
 from .provenance import run_manifest
 from .registry import dataset, method_class
 from .seeding import configure_determinism
@@ -175,10 +177,12 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     # loader workers are an execution setting: resolved from the job's CPUs, recorded, never hashed
     workers = resolve_workers(run["train"]["num_workers"])
     run = {**run, "train": {**run["train"], "num_workers": workers}}
+    weights = require_weights(weight_specs(run["train"]["model"]))   # before any data is read
     algorithm = method_class(run["algorithm"]["name"])
     split_file = read_json(run["paths"]["split"])
     test_data = describe_test_use(run, algorithm.reads_target(run["algorithm"]["params"]), Split.from_json(split_file))
     fed, hashes = load_federation(run, split_file)
+    hashes["weights"] = weights
     ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log)
     method = algorithm(ctx)
     resume = checkpoint_dir / "resume.pt"

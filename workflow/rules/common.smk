@@ -10,6 +10,9 @@ from snakemake.exceptions import WorkflowError
 
 from fedrepro import paths
 from fedrepro.config import ConfigError, Project
+from fedrepro.embed import model_config as embed_model_config
+from fedrepro.models.weights import WeightsError, encoder_weights, weight_specs
+from fedrepro.models.weights import check as check_weights
 from fedrepro.paths import RunKey
 
 
@@ -45,6 +48,7 @@ wildcard_constraints:
     task=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     figure=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     spec=r"(shorter|longer|square)\d+-[a-z]+(-full)?|original",
+    weights=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
 
 
 # ---- resources and targets -------------------------------------------------------------------
@@ -86,6 +90,35 @@ def split_of(wildcards) -> dict:
     return SPLITS[wildcards.split]
 
 
+# ---- pretrained weights ------------------------------------------------------------------------
+
+_CHECKED_WEIGHTS = {}
+
+
+def weights_inputs(specs) -> list[str]:
+    """The manifests of the pretrained-weights resources a job loads (the `weights` rule fetches a
+    missing one first, as a local job). A local copy that is already there must have every file it
+    lists at its recorded size: checked here, on the machine that runs Snakemake, so a missing or
+    truncated file stops the workflow with the command that fetches it again before anything is
+    submitted, instead of failing (and being retried) on a compute node. The job itself verifies
+    every SHA-256 before it reads any data."""
+    out = []
+    for spec in specs:
+        manifest = paths.weights_manifest(spec.id)
+        if Path(manifest).exists() and spec.id not in _CHECKED_WEIGHTS:
+            try:
+                check_weights(spec, deep=False)
+            except WeightsError as error:
+                raise WorkflowError(str(error))
+            _CHECKED_WEIGHTS[spec.id] = True
+        out.append(manifest)
+    return out
+
+
+def features_weights(wildcards) -> list[str]:
+    return weights_inputs(encoder_weights(FEATURES[f"{wildcards.dataset}/{wildcards.key}"]))
+
+
 # ---- runs --------------------------------------------------------------------------------------
 
 
@@ -111,6 +144,9 @@ def train_inputs(wildcards):
             inputs[f"images_{part}_index"] = paths.image_cache_index(pixels)
     else:
         inputs["raw"] = paths.raw_marker(run["dataset"], RAW)
+    weights = weights_inputs(weight_specs(run["train"]["model"]))
+    if weights:
+        inputs["weights"] = weights
     return inputs
 
 
@@ -139,6 +175,7 @@ def downstream_inputs(wildcards) -> dict:
         "metrics": job["paths"]["metrics"],
         "manifest": job["paths"]["manifest"],
         "raw": paths.raw_marker(job["spec"]["dataset"], RAW),
+        "weights": weights_inputs(weight_specs(job["run"]["train"]["model"])),
     }
 
 
@@ -151,7 +188,9 @@ def embed_job(wildcards) -> dict:
 
 def embed_inputs(wildcards) -> dict:
     job = embed_job(wildcards)
-    return {"model": job["checkpoint"], **train_inputs(wildcards)}
+    inputs = {"model": job["checkpoint"], **train_inputs(wildcards)}
+    inputs["weights"] = weights_inputs(weight_specs(embed_model_config(job["run"])))
+    return inputs
 
 
 def table_inputs(wildcards) -> list[str]:

@@ -1,8 +1,10 @@
-# Raw data -> manifests -> client splits -> decode-once image caches and frozen-encoder feature caches.
+# Raw data -> manifests -> client splits -> decode-once image caches and frozen-encoder feature caches;
+# pretrained weights fetched once.
 
 
 localrules:
     download,
+    weights,
 
 
 rule download:
@@ -17,6 +19,20 @@ rule download:
         ENV
     shell:
         "fedrepro download {wildcards.dataset} --raw-dir {params.raw} 2> {log}"
+
+
+rule weights:
+    """Fetch one pretrained-weights resource (open_clip tag, timm hub weights, Hugging Face repository)
+    once and record every file's SHA-256 (local: compute nodes often have no internet; jobs load the
+    copy offline). The id says what it is, e.g. open_clip--ViT-B-16--openai (fedrepro.models.weights)."""
+    output:
+        manifest=paths.weights_manifest("{weights}"),
+    log:
+        paths.log("weights", "{weights}"),
+    conda:
+        ENV
+    shell:
+        "fedrepro weights {wildcards.weights} 2> {log}"
 
 
 rule prepare:
@@ -97,6 +113,7 @@ rule features:
     input:
         manifest=rules.prepare.output.manifest,
         raw=rules.download.output.marker,
+        weights=features_weights,
     output:
         features=paths.features("{dataset}", "{key}"),
     params:
@@ -114,7 +131,7 @@ rule features:
     conda:
         ENV
     shell:
-        "export CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDREPRO_CPUS={threads}; "
+        "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDREPRO_CPUS={threads}; "
         "fedrepro features --dataset {wildcards.dataset} --manifest {input.manifest} --raw-dir {params.raw} "
         "--encoder {params.encoder:q} --device {params.device} --workers auto --jpeg-draft {params.draft} "
         "--out {output.features} 2> {log}"

@@ -19,5 +19,5 @@ rule downstream:
     conda:
         ENV
     shell:
-        "export CUBLAS_WORKSPACE_CONFIG=:4096:8; "
+        "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8; "
         "fedrepro downstream --job {params.job:q} --out {output.result} 2> {log}"

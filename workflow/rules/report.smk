@@ -22,6 +22,7 @@ rule embed:
     conda:
         ENV
     shell:
+        "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; "
         "fedrepro embed --job {params.job:q} --out {output.embedding} 2> {log}"
 
 

@@ -103,6 +103,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
     from ..data.manifest import read_manifest
     from ..device import resolve_device
     from ..models.families import build_family
+    from ..models.weights import require, weight_specs
     from ..registry import dataset
     from . import probe, segmentation
 
@@ -113,6 +114,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
         torch.set_num_threads(job["threads"])
     device = resolve_device(job["device"])
     run, spec = job["run"], job["spec"]
+    require(weight_specs(run["train"]["model"]))       # the pretrained files the model is built from, before any data
     family = build_family(run["train"]["model"], list(dataset(run["dataset"]).classes), {}).to(device)
     for name in ("encode_image",) + (("image_feature_maps", "eval_geometry") if spec["kind"] == "segmentation" else ()):
         if not hasattr(family, name):

@@ -41,6 +41,7 @@ from ..registry import register_model
 from .decoding import clip_specs
 from .encoders import ENCODER_SCHEMA, frozen_clip
 from .families import ModelFamily, Output, clip_batch_objective, clip_scores
+from .weights import clip_weights
 
 # --------------------------------------------------------------------------------------------
 # LoRA as a weight parametrization: W -> W + (alpha / r) * B A on chosen row blocks of W
@@ -292,7 +293,7 @@ CLIP_FULL_PARAMS = {
 }
 
 
-@register_model("clip_full", input="images", params=CLIP_FULL_PARAMS, decode=clip_specs)
+@register_model("clip_full", input="images", params=CLIP_FULL_PARAMS, decode=clip_specs, weights=clip_weights)
 class ClipFullFamily(OpenClipFamily):
     def build(self) -> nn.Module:
         return self.fresh_clip()
@@ -326,7 +327,7 @@ CLIP_LORA_PARAMS = {
 }
 
 
-@register_model("clip_lora", input="images", params=CLIP_LORA_PARAMS, decode=clip_specs)
+@register_model("clip_lora", input="images", params=CLIP_LORA_PARAMS, decode=clip_specs, weights=clip_weights)
 class ClipLoRAFamily(OpenClipFamily):
     def build(self) -> nn.Module:
         clip = self.fresh_clip()
@@ -353,7 +354,7 @@ CLIP_PROMPT_PARAMS = {
 }
 
 
-@register_model("clip_prompt", input="images", params=CLIP_PROMPT_PARAMS, decode=clip_specs)
+@register_model("clip_prompt", input="images", params=CLIP_PROMPT_PARAMS, decode=clip_specs, weights=clip_weights)
 class ClipPromptFamily(OpenClipFamily):
     def build(self) -> nn.Module:
         template = self.cfg["encoder"]["prompt"]

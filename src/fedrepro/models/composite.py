@@ -22,8 +22,9 @@ The image tower's BatchNorm layers keep their pretrained statistics, in training
   (the demo sets use at most the first 400 images of each class; these are images 1,000-1,199 of each
   class), each captioned by a template and its class name. Zero-shot transfer is then meaningful on
   the original domain and degrades on the demo's shifted domains (inverted, rotated, edges), which is
-  what the domain-adaptation methods are for. The fit takes seconds; its result is a weights file
-  (:func:`alignment_file`) built by the ``weights`` step before any job that loads the model.
+  what the domain-adaptation methods are for. The fit takes seconds; its result is a weights resource
+  (``composite--<name>--aligned``, with a SHA-256 manifest) built by the ``weights`` step before any
+  job that loads the model, like a download.
 - ``none``: everything random (tests).
 """
 
@@ -39,6 +40,7 @@ from .encoders import CONFIG_DIR, convert_efficientnet_pytorch, is_efficientnet_
 
 COMPOSITE_DIR = CONFIG_DIR / "composite"
 PRETRAINED = ("towers", "aligned", "none")
+ALIGNED_FILE = "aligned.pt"
 
 
 def config(name: str) -> dict | None:
@@ -47,11 +49,14 @@ def config(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def alignment_file(name: str) -> str:
-    """Where the fitted projections of ``pretrained: aligned`` live (built by the weights step)."""
-    from .. import paths
+def weights(name: str, pretrained: str, where: str = "") -> list:
+    """The weights resources a composite loads: the fitted projections for ``aligned`` (the towers'
+    weights ship as packages and need no step)."""
+    from .weights import WeightSpec
 
-    return paths.weights_file(name, "aligned.pt")
+    if pretrained not in PRETRAINED:
+        raise ValueError(f"{where or name}: a composite CLIP takes pretrained {' | '.join(PRETRAINED)}, not {pretrained!r}")
+    return [WeightSpec("composite", name, "aligned", where=where)] if pretrained == "aligned" else []
 
 
 def build(name: str, pretrained: str, device: str = "cpu"):
@@ -114,25 +119,32 @@ def projection_keys(model) -> list[str]:
 
 def load(name: str, pretrained: str, device: str = "cpu"):
     """A composite CLIP as :func:`fedrepro.models.encoders.load_open_clip` returns it; ``aligned`` loads the
-    fitted projections from :func:`alignment_file`, and refuses a missing, truncated or foreign file by name."""
-    import torch
-
+    fitted projections from their verified local copy (``fedrepro.models.weights``: a missing, truncated
+    or changed file is refused by name, with the command that builds it)."""
     model, preprocess, tokenizer = build(name, "towers" if pretrained == "aligned" else pretrained, device)
     if pretrained == "aligned":
-        path = Path(alignment_file(name))
-        command = f"fedrepro weights {name}"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: the aligned projections of {name} are built once by "
-                                    f"`{command}` (or `snakemake {path}`)")
-        try:
-            saved = torch.load(path, map_location=device, weights_only=True)
-        except Exception as error:
-            raise ValueError(f"{path} cannot be read ({error}); rebuild it with `{command}`") from None
-        keys = projection_keys(model)
-        if sorted(saved.get("state", {})) != sorted(keys):
-            raise ValueError(f"{path} does not hold the projections of {name}; rebuild it with `{command}`")
-        model.load_state_dict(saved["state"], strict=False)
+        from .weights import WeightSpec, local_path
+
+        spec = WeightSpec("composite", name, "aligned")
+        model.load_state_dict(read_alignment(spec, local_path(spec), model), strict=False)
     return model, preprocess, tokenizer
+
+
+def read_alignment(spec, path: Path, model=None) -> dict:
+    """The fitted projections in ``path``; a file that does not hold them is refused by name."""
+    import torch
+
+    from .weights import WeightsCorrupt, fetch_command
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise WeightsCorrupt(f"{path} cannot be read ({error}); build it again:\n{fetch_command(spec, force=True)}") from None
+    model = model if model is not None else build(spec.name, "none")[0]
+    if sorted(saved.get("state", {})) != sorted(projection_keys(model)):
+        raise WeightsCorrupt(f"{path} does not hold the projections of {spec.name}; build it again:\n"
+                             f"{fetch_command(spec, force=True)}")
+    return saved["state"]
 
 
 def align(name: str, seed: int = 0, spec: dict | None = None) -> dict:

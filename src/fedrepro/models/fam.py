@@ -33,6 +33,7 @@ from ..registry import register_model
 from .decoding import clip_specs
 from .encoders import ENCODER_SCHEMA
 from .families import ClipOnFeatures, ClipOnImages
+from .weights import clip_weights
 
 FAM_VARIANTS: dict[str, tuple[str, ...]] = {
     "fea1": ("linear", "softmax"),
@@ -109,6 +110,6 @@ class FamOnFeatures(ClipOnFeatures):
         return FeatureAttention(self.dim, self.cfg.get("hidden"), self.cfg["variant"], self.cfg["negative_slope"])
 
 
-@register_model("clip_fam_images", input="images", params=CLIP_FAM_PARAMS, decode=clip_specs)
+@register_model("clip_fam_images", input="images", params=CLIP_FAM_PARAMS, decode=clip_specs, weights=clip_weights)
 class FamOnImages(ClipOnImages, FamOnFeatures):
     """FAM with the frozen CLIP encoder run on every batch of images, as the authors' code does."""

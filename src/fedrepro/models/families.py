@@ -22,6 +22,7 @@ from ..registry import register_model
 from . import encoders
 from .decoding import classifier_specs, clip_specs
 from .encoders import ENCODER_SCHEMA
+from .weights import clip_weights, timm_weights
 
 
 @dataclass
@@ -180,7 +181,7 @@ class ClipOnImages:
         return self.eval_transform()   # deterministic, as in both papers' code (no augmentation)
 
 
-@register_model("clip_adapter_images", input="images", params=CLIP_ADAPTER_PARAMS, decode=clip_specs)
+@register_model("clip_adapter_images", input="images", params=CLIP_ADAPTER_PARAMS, decode=clip_specs, weights=clip_weights)
 class ClipAdapterOnImages(ClipOnImages, ClipAdapterFamily):
     """FedCLIP's adapter with CLIP run on every batch (FAA-CLIP Table II times the code's path)."""
 
@@ -227,7 +228,8 @@ CLASSIFIER_PARAMS = {
 }
 
 
-@register_model("classifier", input="images", params=CLASSIFIER_PARAMS, decode=classifier_specs)
+@register_model("classifier", input="images", params=CLASSIFIER_PARAMS, decode=classifier_specs,
+                weights=timm_weights)
 class TimmClassifierFamily(ModelFamily):
     def build(self) -> nn.Module:
         backbone = encoders.create_timm(self.cfg["backbone"], num_classes=0, pretrained=self.cfg["pretrained"],

@@ -37,6 +37,7 @@ from ..registry import register_model
 from . import encoders
 from .decoding import projected_specs
 from .families import Output, TimmClassifierFamily, TimmClassifierNet
+from .weights import timm_weights
 
 
 class MultiView:
@@ -137,7 +138,8 @@ PROJ_CLASSIFIER_PARAMS = {
 }
 
 
-@register_model("proj_classifier", input="images", params=PROJ_CLASSIFIER_PARAMS, decode=projected_specs)
+@register_model("proj_classifier", input="images", params=PROJ_CLASSIFIER_PARAMS, decode=projected_specs,
+                weights=timm_weights)
 class ProjectedClassifierFamily(TimmClassifierFamily):
     """Family ``proj_classifier``: a timm classifier with a projection head (params: PROJ_CLASSIFIER_PARAMS)."""
 

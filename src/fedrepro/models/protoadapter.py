@@ -38,6 +38,7 @@ from ..registry import register_model
 from . import encoders
 from .decoding import adapter_protonet_specs
 from .families import Output, TimmClassifierFamily
+from .weights import timm_weights
 
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 RESNET_PARTS = ("conv1", "bn1", "act1", "maxpool", *STAGES)
@@ -260,7 +261,8 @@ ADAPTER_PROTONET_PARAMS = {
 }
 
 
-@register_model("adapter_protonet", input="images", params=ADAPTER_PROTONET_PARAMS, decode=adapter_protonet_specs)
+@register_model("adapter_protonet", input="images", params=ADAPTER_PROTONET_PARAMS, decode=adapter_protonet_specs,
+                weights=timm_weights)
 class AdapterProtoFamily(TimmClassifierFamily):
     """Images -> AdapterProtoNet. ``augment: fundus`` is the authors' training augmentation."""
 

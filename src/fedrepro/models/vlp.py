@@ -38,6 +38,7 @@ from ..seeding import numpy_rng
 from . import encoders
 from .decoding import vlp_specs
 from .families import NORMALISATION, ModelFamily, Output
+from .text_tower import GENERATED, build_text_encoder, build_tokenizer, text_weights
 from .vlp_objectives import (
     cross_attention,
     gloria_local_loss,
@@ -190,27 +191,6 @@ class DualEncoder(nn.Module):
         return (p for p in self.parameters() if id(p) not in encoder_ids)
 
 
-def build_text_encoder(cfg: dict) -> nn.Module:
-    from transformers import AutoConfig, AutoModel
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()   # keeping the first `layers` layers makes the rest "unexpected" keys: expected
-
-    path = encoders.resolve_weights(cfg["name"])
-    config = AutoConfig.from_pretrained(path, **(cfg.get("config") or {}))
-    if cfg.get("layers"):
-        config.num_hidden_layers = int(cfg["layers"])   # the FedDRA code keeps the first 6 of BERT's layers
-    if cfg["pretrained"]:
-        return AutoModel.from_pretrained(path, config=config, add_pooling_layer=False)
-    return AutoModel.from_config(config, add_pooling_layer=False)
-
-
-def build_tokenizer(cfg: dict):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(encoders.resolve_weights(cfg.get("tokenizer") or cfg["name"]))
-
-
 class PadToSquare:
     """MGCA's ``resize_img``: scale the longer side to ``size`` and zero-pad the shorter to a square."""
 
@@ -296,13 +276,17 @@ VLP_PARAMS = {
         "properties": {
             "name": {
                 "description": "Hugging Face id or local folder of the BERT weights/config, or package:<module>"
-                               " for a model folder a Python package ships",
+                               " for a model folder a Python package ships. An id is fetched once by the weights "
+                               "rule (resources/weights/hf--<id>--model); random init needs only its architecture "
+                               "(shipped for bert-base-cased)",
                 "type": "string",
                 "default": "bert-base-cased",
             },
             "tokenizer": {
                 "description": "tokenizer id/folder (null = the model's own); the code tokenizes with "
-                               "emilyalsentzer/Bio_ClinicalBERT (the same cased vocabulary as bert-base-cased)",
+                               "emilyalsentzer/Bio_ClinicalBERT (the same cased vocabulary as bert-base-cased). "
+                               f"{GENERATED}: a made-up WordPiece vocabulary of the model's vocab size, no download, "
+                               "for random-init smoke tests only (refused with pretrained: true)",
                 "oneOf": [{"type": "string"}, {"type": "null"}],
                 "default": None,
             },
@@ -427,7 +411,16 @@ VLP_PARAMS = {
 }
 
 
-@register_model("vlp", input="image_text", params=VLP_PARAMS, decode=vlp_specs)
+def vlp_weights(cfg: dict) -> list:
+    """The pretrained resources of a dual encoder: the timm ViT's hub weights (``image.pretrained:
+    true``) and the text tower's and tokenizer's Hugging Face files (:mod:`.text_tower`)."""
+    from .weights import timm_spec
+
+    return [*timm_spec(cfg["image"]["backbone"], cfg["image"]["pretrained"], "train.model.image.pretrained"),
+            *text_weights(cfg["text"])]
+
+
+@register_model("vlp", input="image_text", params=VLP_PARAMS, decode=vlp_specs, weights=vlp_weights)
 class VisionLanguageFamily(ModelFamily):
     input_kind = "image_text"
     task = "retrieval"          # scored by fedrepro.fl.evaluation.evaluate_retrieval
