@@ -12,7 +12,7 @@ live side by side and never overwrite each other.
     resources/features/<dataset>/<encoder key>.pt         frozen-encoder feature cache
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
-    results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt while running)
+    results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt and clients/ while running)
     results/downstream/<protocol>/<paper>/<setting>/<method>/seed<k>/<task>.json
     results/embeddings/<protocol>/<paper>/<setting>/<method>/seed<k>/<figure>.npz
     results/tables/<protocol>/<paper>/<table>.{md,csv,tex,seeds.csv}
@@ -98,6 +98,12 @@ def run_file(key: RunKey, name: str = "metrics.json") -> str:
 
 def checkpoint_dir(key: RunKey) -> str:
     return f"results/checkpoints/{key.path}"
+
+
+def client_states(checkpoint_dir: str | Path) -> str:
+    """Per-client state kept on disk between a client's turns while a run is unfinished, one folder per
+    store, one file per client (fedrepro.fl.client_state); removed with resume.pt when the run ends."""
+    return f"{checkpoint_dir}/clients"
 
 
 def model_file(key: RunKey) -> str:

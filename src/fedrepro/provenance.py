@@ -51,7 +51,10 @@ def device_info(device) -> dict:
     return info
 
 
-def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, timings: dict, resumed_from) -> dict:
+def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, timings: dict, resumed_from,
+                 execution: dict | None = None) -> dict:
+    """``execution``: how the job computed, resolved on its hardware (precision, channels_last, loader
+    workers, where per-client state was kept, the memory estimate)."""
     return {
         "run": {k: run[k] for k in ("paper", "setting", "method", "seed", "protocol", "config_hash")},
         "seeds": {"run": run["seed"], "split": input_hashes.get("split_seed"),
@@ -66,6 +69,7 @@ def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, ti
         "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
         "hardware": device_info(device),
         "determinism": determinism,
+        "execution": execution or {},
         "timings": timings,
         "resumed_from_round": resumed_from,
     }

@@ -75,6 +75,9 @@ def paper_run(paper: str, method: str, setting: str | None = None, *, seed: int 
     run = copy.deepcopy(proj.run_config(proj.run_key(paper, setting, method, seed, protocol)))
     run["train"] = deep_merge(run["train"], train)
     run["train"]["num_workers"] = 0     # loader processes change no result (tests/test_image_cache.py); a job resolves them
+    # the specifications compute in fp32; a paper protocol's mixed precision (FACMIC's fp16) is the
+    # engine's business, checked in tests/test_precision.py
+    run["train"]["precision"] = "fp32"
     run["train"]["model"] = model if model is not None else tiny_model(run["train"]["model"])
     run["input"] = input_kind(run["train"]["model"]["family"])
     run["config_hash"] = hash_obj(run)

@@ -64,7 +64,6 @@ FEDEMA_PARAMS = {
 class FedEMA(BYOLBaseline):
     def setup(self) -> None:
         super().setup()
-        self.local_models: dict[str, dict] = {}   # client -> its model after its last round
         self.scales: dict[str, float] = {}        # client -> lambda_k (the autoscaler)
         self.mu: dict[str, float] = {}
 
@@ -91,8 +90,8 @@ class FedEMA(BYOLBaseline):
         self.local_models[client.name] = {k: v.detach().cpu().clone() for k, v in self.work.state_dict().items()}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "local_models": self.local_models, "scales": self.scales}
+        return {**super().state_dict(), "scales": self.scales}   # local_models: the base's store (every client's model)
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.local_models, self.scales = state["local_models"], state["scales"]
+        self.scales = state["scales"]

@@ -58,7 +58,7 @@ FEDU_PARAMS = {
 class FedU(BYOLBaseline):
     def setup(self) -> None:
         super().setup()
-        self.predictors: dict[str, dict] = {}     # client -> its predictor after its last round
+        self.predictors = self.client_states("predictors")   # client -> its predictor after its last round
         self.kept: dict[str, bool] = {}
 
     def load_client_model(self, client, message):
@@ -77,8 +77,8 @@ class FedU(BYOLBaseline):
                                         if k.startswith(PREDICTOR)}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "predictors": self.predictors}
+        return {**super().state_dict(), "predictors": self.predictors.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.predictors = state["predictors"]
+        self.predictors.load_state_dict(state["predictors"])

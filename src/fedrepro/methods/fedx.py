@@ -25,12 +25,14 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..data.loader import batches, to_device
+from ..data.loader import batches
+from ..device import full_precision
 from ..registry import register_method
 from ..seeding import torch_generator
 from .selfsup import ImageSelfSupervised, augment, nt_xent, relational_loss, two_views
 
 
+@full_precision
 def fedx_losses(z: torch.Tensor, p: torch.Tensor, g: torch.Tensor, n: int, temperature: float,
                 student_temperature: float, teacher_temperature: float) -> dict[str, torch.Tensor]:
     """FedX's four terms from the local embeddings ``z``, predictions ``p`` and global embeddings
@@ -123,7 +125,7 @@ class FedX(ImageSelfSupervised):
     def local_loss(self, model, batch, client, rnd):
         out = self.family.forward(model, batch)
         v1, v2 = two_views(batch["x"])
-        xr = augment(to_device(next(self.anchor_stream), self.device)["x"])
+        xr = augment(self.to_device(next(self.anchor_stream))["x"])
         images = torch.cat([v1, v2, xr])
         z = self.family.image_embedding(model, images)
         with torch.no_grad():

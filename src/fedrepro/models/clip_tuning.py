@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from ..device import full_precision
 from ..registry import register_model
 from .decoding import clip_specs
 from .encoders import ENCODER_SCHEMA, frozen_clip
@@ -176,11 +177,7 @@ class OpenClipFamily(ModelFamily):
 
     def forward(self, model: nn.Module, batch: dict) -> Output:
         image, text = self.embed(model, batch)
-        scale = self.scale(model)
-        image_n, text_n = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
-        labels = batch["y"]
-        objective = clip_batch_objective(image_n, labels, text_n, scale) if labels.min() >= 0 else []
-        return Output(logits=scale * image_n @ text_n.t(), features=image, objective=objective)
+        return clip_output(image, text, self.scale(model), batch["y"])
 
     def class_scores(self, model: nn.Module, batch: dict) -> torch.Tensor:
         """``eval_logit_scale`` x cos(image, class prompt) (default: the training scale). The authors' test
@@ -289,6 +286,15 @@ class ClipPromptFamily(OpenClipFamily):
     def build(self) -> nn.Module:
         template = self.cfg["encoder"]["prompt"]
         return PromptedClip(self.fresh_clip(), self.tokenizer, self.class_names, self.cfg["n_ctx"], self.cfg["init"], template)
+
+
+@full_precision
+def clip_output(image: torch.Tensor, text: torch.Tensor, scale, labels: torch.Tensor) -> Output:
+    """The scaled cosine logits and the B x B contrastive objective of image and class-prompt features,
+    in fp32 (under mixed precision the towers run in 16 bits, the scores and the loss do not)."""
+    image_n, text_n = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
+    objective = clip_batch_objective(image_n, labels, text_n, scale) if labels.min() >= 0 else []
+    return Output(logits=scale * image_n @ text_n.t(), features=image, objective=objective)
 
 
 def trainable_keys(model: nn.Module) -> list[str]:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import fp32, full_precision
 from ..registry import register_model
 from . import encoders
 from .decoding import classifier_specs, clip_specs
@@ -33,7 +34,8 @@ class Output:
 
 
 def cross_entropy_over(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    return sum(F.cross_entropy(scores, targets) for scores, targets in pairs) / len(pairs)
+    """Mean cross-entropy of (scores, targets) pairs, on fp32 scores (mixed precision: 16-bit logits are cast up)."""
+    return sum(F.cross_entropy(fp32(scores), targets) for scores, targets in pairs) / len(pairs)
 
 
 class ModelFamily:
@@ -81,6 +83,7 @@ def build_family(cfg: dict, class_names: list[str], extras: dict) -> ModelFamily
 # --------------------------------------------------------------------------------------------
 # CLIP on cached image features
 
+@full_precision
 def clip_scores(image_features: torch.Tensor, text_features: torch.Tensor, scale: float) -> torch.Tensor:
     """``scale`` x cosine similarity, rows = images, columns = texts."""
     return scale * F.normalize(image_features, dim=-1) @ F.normalize(text_features, dim=-1).t()
