@@ -26,6 +26,7 @@ import torch
 PRECISIONS = ("fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 HALF = (torch.bfloat16, torch.float16)
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -140,6 +141,8 @@ def full_precision(fn):
     def wrapper(*args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device_type = tensors[0].device.type if tensors else "cpu"
+        if device_type not in AUTOCAST_DEVICES:        # e.g. "meta" (fedrepro.fl.memory builds models there)
+            return fn(*args, **kwargs)
         if not torch.is_autocast_enabled(device_type) and all(t.dtype not in HALF for t in tensors):
             return fn(*args, **kwargs)
         args = tuple(fp32(a) if isinstance(a, torch.Tensor) else a for a in args)

@@ -10,6 +10,7 @@ live side by side and never overwrite each other.
     resources/splits/<split>.json                         client index file (+ .counts.csv, .png)
     resources/images/<dataset>/<decode spec>.u8           decode-once image cache (+ .index.npz)
     resources/features/<dataset>/<encoder key>.pt         frozen-encoder feature cache
+    resources/model_profiles/<key>.json                   a model's memory figures (a cache, fedrepro.fl.memory)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
     results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt and clients/ while running)
@@ -79,6 +80,11 @@ def image_cache_index(pixels: str) -> str:
 
 def features(dataset: str, key: str) -> str:
     return f"resources/features/{dataset}/{key}.pt"
+
+
+def model_profile(key: str) -> str:
+    """A model's and method's memory figures, computed once on the meta device (fedrepro.fl.memory)."""
+    return f"resources/model_profiles/{key}.json"
 
 
 def published(relative: str) -> str:

@@ -35,6 +35,8 @@ from .fl.federation import (
     build_image_federation,
     federation_datasets,
 )
+from .fl.memory import check_fits, clients_of_file
+from .fl.memory import estimate as estimate_memory
 from .fl.method import MethodContext
 from .fl.selection import SELECTION_RULES, resolve_rule, select, validation_key
 from .io import atomic_path, read_json, sha256_file, torch_save, write_csv, write_json
@@ -122,6 +124,13 @@ def save_predictions(path: Path, predictions: dict, chosen: str) -> None:
             np.savez_compressed(fh, **arrays)
 
 
+def peak_rss() -> int:
+    """This process's peak resident memory so far (bytes), next to the estimate in the manifest."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 def client_state_summary(method) -> dict:
     """Where each per-client store kept its entries: the setting, and how many clients were on disk."""
     stores = getattr(method, "stores", {})
@@ -147,6 +156,12 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     workers = resolve_workers(run["train"]["num_workers"])
     compute = Compute.for_run(run["train"], device)
     run = {**run, "train": {**run["train"], "num_workers": workers, "precision": compute.precision}}
+    # a run that cannot fit says so before it starts (fedrepro.fl.memory; FEDREPRO_MEMORY_CHECK=warn|off)
+    clients = clients_of_file(run["paths"]["split"]) or 1
+    needed = estimate_memory(run, clients, device, workers if run["input"] != "features" else 0)
+    for line in needed.lines():
+        log.info("%s", line)
+    check_fits(needed, log)
     fed, hashes = load_federation(run)
     states = Path(paths.client_states(checkpoint_dir))
     ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log, state_dir=states)
@@ -162,7 +177,8 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     save_predictions(out_dir / "predictions.npz", result.predictions, chosen)
     torch_save(checkpoint_dir / "model.pt", {"config_hash": run["config_hash"], "model": method.final_model()})
     execution = {"precision": method.compute.precision, "channels_last": method.compute.channels_last,
-                 "num_workers": workers, "client_state": client_state_summary(method)}
+                 "num_workers": workers, "client_state": client_state_summary(method),
+                 "memory_estimate": needed.to_json(), "peak_rss_bytes": peak_rss()}
     write_json(out_dir / "run_manifest.json", run_manifest(
         run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
         timings={"wall_s": time.time() - started, "train_s": float(result.history["train_s"].sum())},

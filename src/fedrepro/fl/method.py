@@ -35,7 +35,7 @@ from .client_state import ClientStates
 from .comm import CommLedger
 from .evaluation import evaluate
 from .federation import ClientData, Federation
-from .local import local_batches, make_optimizer
+from .local import local_batches, make_optimizer, optimizer_factor
 
 
 @dataclass
@@ -141,6 +141,14 @@ class FederatedMethod(ABC):
         """What is saved as the run's model checkpoint (default: the whole method state)."""
         return self.state_dict()
 
+    def memory_layout(self) -> dict:
+        """What the method keeps besides the model it trains, in bytes, for the memory estimate
+        (:mod:`fedrepro.fl.memory`): ``device_models`` = full model copies on the compute device,
+        ``per_client`` = store -> bytes each client keeps between its turns, ``host_extra`` = other host
+        copies. Called on an instance whose ``server`` was built on the meta device and whose ``shared``
+        keys are set; ``setup`` has not run."""
+        return {"device_models": 2, "per_client": {}, "host_extra": 0}
+
     def evaluate(self, fed: Federation) -> tuple[dict, dict]:
         """Per-round evaluation -> (flat metrics ``{"<eval>/<metric>": value}``, predictions ``{"<eval>": (probs, labels)}``).
 
@@ -228,6 +236,23 @@ class ModelAveraging(FederatedMethod):
 
     def trainable_parameters(self, model: nn.Module):
         return model.parameters()
+
+    def state_bytes(self, keys=None) -> int:
+        """Bytes of the server's state (or of the entries in ``keys``): the memory estimate's unit."""
+        return sum(v.numel() * v.element_size() for k, v in self.server.state_dict().items() if keys is None or k in keys)
+
+    def memory_layout(self) -> dict:
+        """Server and working copy on the device; per client: its private (non-shared) tensors, its
+        optimizer state under ``optimizer.persist``, its local model under ``client_eval: local``."""
+        train, state = self.ctx.train, self.server.state_dict()
+        private = self.state_bytes(set(state) - set(self.shared))
+        trainable = sum(p.numel() * p.element_size() for p in self.server.parameters() if p.requires_grad)
+        per_client = {"private": private}
+        if train["optimizer"].get("persist"):
+            per_client["optimizer"] = optimizer_factor(train["optimizer"]) * trainable
+        if train.get("client_eval", "global") == "local":
+            per_client["local_models"] = self.state_bytes()
+        return {"device_models": 2, "per_client": per_client, "host_extra": private}
 
     def local_config(self, client: ClientData, rnd: int) -> dict:
         """The train block that governs ``client``'s local work in round ``rnd`` (``local`` steps or

@@ -256,6 +256,11 @@ class CReFF(ModelAveraging):
         return self.eval_model
 
     # ---- checkpointing ------------------------------------------------------------------
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 2                 # the evaluated model and the gradient model
+        return layout
+
     def state_dict(self):
         return {**super().state_dict(), "features": self.features.detach().cpu().clone(),
                 "retrained": {k: v.cpu().clone() for k, v in self.retrained.state_dict().items()}}

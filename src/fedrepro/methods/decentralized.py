@@ -109,6 +109,13 @@ class Decentralized(ModelAveraging):
             metrics.update(score_models(self, fed, self.turn_states, f"turn{self.params['federated_rounds']}."))
         return metrics, preds
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["per_client"]["own_models"] = self.state_bytes()
+        if self.params["federated_rounds"]:
+            layout["per_client"]["turn_models"] = self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "local": self.local_states.state_dict(), "turn": self.turn_states.state_dict()}
 

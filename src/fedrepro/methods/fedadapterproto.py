@@ -270,6 +270,15 @@ class FedAdapterProto(ModelAveraging):
                                                client_weights(rule, sizes, steps)))
         self.server.load_state_dict(merged, strict=False)
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        if self.params["client_start"] == "local":
+            layout["per_client"]["own_shared"] = self.state_bytes(set(self.shared))
+        layout["per_client"]["final_local"] = self.state_bytes()               # after the last round
+        if self.params["push"] == "last_round":
+            layout["per_client"]["pushed"] = self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "own_shared": self.own_shared.state_dict(),
                 "final_local": self.final_local.state_dict(), "pushed": self.pushed.state_dict(), "push": self.push_record}

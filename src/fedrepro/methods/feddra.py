@@ -414,6 +414,13 @@ class FedDRA(ModelAveraging):
         return float(np.mean(losses)) if losses else 0.0
 
     # ---- checkpointing ----------------------------------------------------------------------
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 1                 # the anchor model
+        if self.params["anchor"] == "code":
+            layout["host_extra"] += self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "lambda": self.lam.tolist(), "risks": self.last_risks.tolist(),
                 "anchor": self.anchor_state}

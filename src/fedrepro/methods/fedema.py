@@ -89,6 +89,11 @@ class FedEMA(BYOLBaseline):
         super().after_local_training(client, rnd)
         self.local_models[client.name] = {k: v.detach().cpu().clone() for k, v in self.work.state_dict().items()}
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["per_client"]["local_models"] = self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "scales": self.scales}   # local_models: the base's store (every client's model)
 

@@ -76,6 +76,11 @@ class FedU(BYOLBaseline):
         self.predictors[client.name] = {k: v.detach().cpu().clone() for k, v in self.work.state_dict().items()
                                         if k.startswith(PREDICTOR)}
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["per_client"]["predictors"] = self.state_bytes({k for k in self.server.state_dict() if k.startswith(PREDICTOR)})
+        return layout
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "predictors": self.predictors.state_dict()}
 

@@ -122,6 +122,11 @@ class FedX(ImageSelfSupervised):
         self.global_model.eval()
         self.anchor_stream = self.random_batches(client, rnd)
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 1                 # the frozen global model
+        return layout
+
     def local_loss(self, model, batch, client, rnd):
         out = self.family.forward(model, batch)
         v1, v2 = two_views(batch["x"])

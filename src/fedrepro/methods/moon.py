@@ -98,6 +98,13 @@ class MOON(GlobalAnchor):
             z_prev = self.family.forward(self.previous_model, batch).features if self.keeps_previous() else out.features.detach()
         return loss + self.params["mu"] * model_contrastive_loss(out.features, z_glob, z_prev, self.params["tau"]), out
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 2 if self.keeps_previous() else 1          # the global (and previous) model
+        if self.keeps_previous():
+            layout["per_client"]["previous"] = self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "previous": self.previous_states.state_dict()}
 

@@ -404,6 +404,12 @@ class PRRImb(ModelAveraging):
         self.work.load_state_dict(self.clients_state[client.name]["personal"])
         return self.work
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 1                 # the deputy
+        layout["per_client"]["clients"] = 2 * self.state_bytes()          # personal and deputy models
+        return layout
+
     def state_dict(self):
         return {**super().state_dict(), "clients": self.clients_state.state_dict(), "global_prototypes": self.global_prototypes}
 

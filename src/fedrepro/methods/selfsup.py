@@ -185,6 +185,14 @@ class BYOLBaseline(ImageSelfSupervised):
         self.divergences[client.name] = layer_divergence(self.start, state, self.layers)
         self.encoders[client.name] = {k: state[k].detach().cpu().clone() for k in self.layers}
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 1                 # the target network
+        state = self.server.state_dict()
+        layout["per_client"]["targets"] = self.state_bytes({k for k in state if k.startswith(IMAGE_TOWER)})
+        layout["per_client"]["encoders"] = self.state_bytes(set(encoder_layers(self.server)))
+        return layout
+
     def divergence(self, client, received: dict) -> float:
         """The divergence FedU's and FedEMA's rules use when ``client`` receives the global model:
         ``code`` = the mean per-layer distance its online encoder moved in its last local training

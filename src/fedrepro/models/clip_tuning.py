@@ -40,7 +40,7 @@ from torch.nn.utils import parametrize
 from ..device import full_precision
 from ..registry import register_model
 from .decoding import clip_specs
-from .encoders import ENCODER_SCHEMA, frozen_clip
+from .encoders import ENCODER_SCHEMA, frozen_clip, tokenize
 from .families import ModelFamily, Output, clip_batch_objective, clip_scores
 
 # --------------------------------------------------------------------------------------------
@@ -105,14 +105,14 @@ class PromptedClip(nn.Module):
         embed = clip.token_embedding
         if init == "template":
             words = template.replace("{}", "").strip()
-            ids = tokenizer([words])[0]
+            ids = tokenize(tokenizer, [words])[0]
             length = int(ids.argmax())           # the EOT token has the largest id; [1, length) are the words
             ctx = embed.weight[ids[1:length]].detach().clone()
         else:
             ctx = torch.randn(n_ctx, embed.weight.shape[1]) * 0.02
         self.n_ctx = ctx.shape[0]
         self.ctx = nn.Parameter(ctx)
-        tokens = tokenizer([" ".join(["X"] * self.n_ctx + [name]) for name in class_names])
+        tokens = tokenize(tokenizer, [" ".join(["X"] * self.n_ctx + [name]) for name in class_names])
         eot = tokens.argmax(dim=1)
         if (eot <= self.n_ctx + 1).any() or (tokens[:, -1] != 0).any():
             raise ValueError(f"prompts of {self.n_ctx} context tokens + a class name do not fit CLIP's context "
@@ -152,11 +152,14 @@ class OpenClipFamily(ModelFamily):
         self.pristine, self.preprocess, self.tokenizer = frozen_clip(cfg["encoder"])
         from .encoders import prompt_texts
 
-        self.tokens = self.tokenizer(prompt_texts(cfg["encoder"]["prompt"], self.class_names))
+        self.tokens = tokenize(self.tokenizer, prompt_texts(cfg["encoder"]["prompt"], self.class_names))
 
     def to(self, device):
         self.tokens = self.tokens.to(device)
         return self
+
+    def frozen_modules(self):
+        return {"pretrained CLIP (kept on the host, copied for every build)": (self.pristine, "host")}
 
     def fresh_clip(self) -> nn.Module:
         """A trainable copy of the pretrained CLIP (the cached one stays frozen and untouched)."""

@@ -10,6 +10,7 @@ and timm backbones.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -67,9 +68,24 @@ def load_open_clip(name: str, pretrained: str = "none", device: str = "cpu"):
 
 
 _FROZEN: dict[tuple, tuple] = {}
+_BUILD_DEVICE = ["cpu"]
 
 
-def frozen_clip(encoder: dict, device: str = "cpu"):
+@contextlib.contextmanager
+def on_meta():
+    """Build models on the meta device (shapes only, nothing allocated; fedrepro.fl.memory): frozen CLIP
+    encoders are built there too, under their own cache key, instead of being loaded on the CPU."""
+    import torch
+
+    _BUILD_DEVICE.append("meta")
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        _BUILD_DEVICE.pop()
+
+
+def frozen_clip(encoder: dict, device: str | None = None):
     """-> (open_clip model with requires_grad off, its preprocess, tokenizer), loaded once per process.
 
     A random-init model (``pretrained: none``, tests and demo) is built under the same fixed seed as the
@@ -78,6 +94,7 @@ def frozen_clip(encoder: dict, device: str = "cpu"):
     """
     from ..seeding import kept_rng_state, seed_global
 
+    device = device or _BUILD_DEVICE[-1]
     key = (encoder["name"], encoder["pretrained"], device)
     if key not in _FROZEN:
         with kept_rng_state():
@@ -140,6 +157,14 @@ def create_timm(name: str, num_classes: int, pretrained: bool | str = False, **k
     return model
 
 
+def tokenize(tokenizer, texts: list[str]):
+    """Token ids on the CPU, also while models are built on the meta device (:func:`on_meta`)."""
+    import torch
+
+    with torch.device("cpu"):
+        return tokenizer(texts)
+
+
 def prompt_texts(template: str, class_names: list[str]) -> list[str]:
     return [template.format(name) for name in class_names]
 
@@ -149,4 +174,5 @@ def encode_prompts(model, tokenizer, template: str, class_names: list[str], devi
     import torch
 
     with torch.no_grad():
-        return model.encode_text(tokenizer(prompt_texts(template, class_names)).to(device)).float().cpu()
+        features = model.encode_text(tokenize(tokenizer, prompt_texts(template, class_names)).to(device)).float()
+    return features if features.is_meta else features.cpu()

@@ -72,6 +72,11 @@ class ModelFamily:
         """Move tensors the family holds (e.g. frozen text features) to ``device``."""
         return self
 
+    def frozen_modules(self) -> dict[str, tuple[nn.Module, str]]:
+        """Networks the family holds besides the trained model, for the memory estimate: name ->
+        (module, "host" or "device")."""
+        return {}
+
 
 def build_family(cfg: dict, class_names: list[str], extras: dict) -> ModelFamily:
     """The model family registered as ``cfg["family"]``, configured by ``cfg`` (a resolved ``train.model``)."""
@@ -165,12 +170,16 @@ class ClipOnImages:
 
         encoder = cfg["encoder"]
         self.encoder, self.preprocess, tokenizer = encoders.frozen_clip(encoder)
-        text = encode_prompts(self.encoder, tokenizer, encoder["prompt"], class_names, "cpu")
+        device = next(self.encoder.parameters()).device     # the CPU (or meta: fedrepro.fl.memory)
+        text = encode_prompts(self.encoder, tokenizer, encoder["prompt"], class_names, device)
         super().__init__(cfg, class_names, {**extras, "text_features": text})
 
     def to(self, device):
         self.encoder = self.encoder.to(device)
         return super().to(device)
+
+    def frozen_modules(self):
+        return {"frozen CLIP": (self.encoder, "device")}
 
     @torch.no_grad()
     def image_features(self, batch: dict) -> torch.Tensor:
