@@ -159,12 +159,19 @@ def profile_key(run: dict) -> str:
                      "dataset": run["dataset"], "torch": torch.__version__}, 12)
 
 
+_PROFILES: dict[str, dict] = {}
+
+
 def model_profile(run: dict, cache: bool = True) -> dict:
     """Bytes of the run's model and of what its method keeps (see the module docstring); cached on disk."""
-    path = Path(paths.model_profile(profile_key(run)))
+    key = profile_key(run)
+    if cache and key in _PROFILES:
+        return _PROFILES[key]
+    path = Path(paths.model_profile(key))
     if cache and path.exists():
         try:
-            return json.loads(path.read_text())
+            _PROFILES[key] = json.loads(path.read_text())
+            return _PROFILES[key]
         except (OSError, ValueError):
             pass
     logging.disable(logging.WARNING)           # open_clip and timm narrate every build at INFO/WARNING
@@ -175,6 +182,7 @@ def model_profile(run: dict, cache: bool = True) -> dict:
     finally:
         logging.disable(logging.NOTSET)
     if cache:
+        _PROFILES[key] = profile
         try:
             write_json(path, profile)
         except OSError:
@@ -195,7 +203,7 @@ def _build_profile(run: dict) -> dict:
     model_cfg = meta_model_config(run["train"]["model"])
     kind = MODELS.get(model_cfg["family"])["input"]
     meta = torch.device("meta")
-    with on_meta(), _bert_base_when_offline(notes):
+    with on_meta(), bert_base_when_offline(notes):
         extras = {}
         if kind == "features":
             extras["text_features"] = torch.empty(len(classes), feature_dim(model_cfg["encoder"]))
@@ -230,7 +238,7 @@ def _build_profile(run: dict) -> dict:
 
 
 @contextlib.contextmanager
-def _bert_base_when_offline(notes: list[str]):
+def bert_base_when_offline(notes: list[str]):
     """A Hugging Face text tower whose config is not on this machine (no hub access, nothing cached) is
     counted as BERT-base (hidden 768, 12 heads, intermediate 3072; the ``layers`` option still applies):
     FedDRA's towers (bert-base-cased, Bio_ClinicalBERT) differ from it only in their vocabulary size."""
