@@ -44,7 +44,7 @@ from fedrepro.data.decode import DecodeSpec, spec_of  # noqa: E402
 from fedrepro.data.image_cache import ImageCache, build_image_cache  # noqa: E402
 from fedrepro.data.images import ManifestImages  # noqa: E402
 from fedrepro.data.manifest import write_manifest  # noqa: E402
-from fedrepro.methods import load_class  # noqa: E402
+from fedrepro.models.families import build_family  # noqa: E402
 
 SIZES = {"ISIC": (1024, 768, "RGB"), "MIMIC": (2500, 3000, "L")}
 PIPELINES = [   # (size, paper, setting, method, what)
@@ -79,7 +79,7 @@ def training_transform(paper: str, setting: str, method: str):
         model["encoder"] = {**model["encoder"], "pretrained": "none"}
     if "pretrained" in model:
         model["pretrained"] = False
-    family = load_class(project.catalog.implementation("model", model["family"]))(model, ["a", "b"], {})
+    family = build_family(model, ["a", "b"], {})
     return family.train_transform()
 
 

@@ -277,7 +277,7 @@ def test_faa_clip_communicates_the_fam_and_keeps_the_discriminator_local():
     updates = _round(method)
     for name, value in method.server.discriminator.state_dict().items():
         assert torch.equal(value, d_before[name])                     # D never reaches the server
-    private = method.private["client0"]["model"]
+    private = method.private["client0"]
     assert not torch.equal(private["discriminator.net.0.weight"], d_before["net.0.weight"])   # but it trains locally
     key = "fam.attention.0.weight"
     assert torch.allclose(method.server.state_dict()[key], sum(u.payload[key] for u in updates) / 3, atol=1e-6)

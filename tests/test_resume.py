@@ -41,6 +41,16 @@ def train_env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
 
 
+def with_train(run_cfg: dict, **train) -> dict:
+    """The same run with train-block entries replaced (and the config hash that goes with it)."""
+    from fedrepro.io import hash_obj
+
+    out = {**run_cfg, "train": {**run_cfg["train"], **train}}
+    out.pop("config_hash")
+    out["config_hash"] = hash_obj(out)
+    return out
+
+
 def rounds_done(resume: Path) -> int:
     try:
         return torch.load(resume, map_location="cpu", weights_only=False)["next_round"]
@@ -53,18 +63,24 @@ def eval_history(path: Path) -> pd.DataFrame:
     return history.drop(columns=[c for c in ("train_s", "eval_s") if c in history])  # wall times differ
 
 
-def test_killed_run_resumes_and_matches_uninterrupted(tiny_run):
+@pytest.mark.parametrize("client_state", ["auto", "disk"])
+def test_killed_run_resumes_and_matches_uninterrupted(tiny_run, client_state):
+    """``disk``: every client's Adam state lives in its own file between turns (resume.pt names them);
+    the kill lands anywhere, also between a client's file write and the round's checkpoint."""
     from fedrepro.train import train_run
 
     workdir, run_cfg = tiny_run
+    if client_state == "disk":
+        run_cfg = with_train(run_cfg, client_state="disk", optimizer={**run_cfg["train"]["optimizer"], "persist": True})
+    tag = f"{client_state}-"
     env = train_env()
     with pytest.MonkeyPatch.context() as mp:   # the uninterrupted reference, in this process
         mp.chdir(workdir)
-        train_run(run_cfg, "full/out", "full/ckpt")
+        train_run(run_cfg, f"{tag}full/out", f"{tag}full/ckpt")
 
-    proc = subprocess.Popen(train_cmd(run_cfg, "killed"), cwd=workdir, env=env,
+    proc = subprocess.Popen(train_cmd(run_cfg, f"{tag}killed"), cwd=workdir, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    resume = workdir / "killed/ckpt/resume.pt"
+    resume = workdir / f"{tag}killed/ckpt/resume.pt"
     deadline = time.time() + 120
     while rounds_done(resume) < KILL_AFTER:
         assert proc.poll() is None, "the run ended before it could be killed"
@@ -74,30 +90,33 @@ def test_killed_run_resumes_and_matches_uninterrupted(tiny_run):
     proc.wait()
     killed_at = rounds_done(resume)
     assert KILL_AFTER <= killed_at < ROUNDS, f"killed after round {killed_at} of {ROUNDS}"
-    assert not (workdir / "killed/out/metrics.json").exists(), "a killed run must not look complete"
-    assert not (workdir / "killed/ckpt/model.pt").exists()
+    assert not (workdir / f"{tag}killed/out/metrics.json").exists(), "a killed run must not look complete"
+    assert not (workdir / f"{tag}killed/ckpt/model.pt").exists()
 
-    subprocess.run(train_cmd(run_cfg, "killed"), cwd=workdir, env=env, check=True, capture_output=True)
+    subprocess.run(train_cmd(run_cfg, f"{tag}killed"), cwd=workdir, env=env, check=True, capture_output=True)
 
-    full = json.loads((workdir / "full/out/metrics.json").read_text())
-    resumed = json.loads((workdir / "killed/out/metrics.json").read_text())
-    manifest = json.loads((workdir / "killed/out/run_manifest.json").read_text())
+    full = json.loads((workdir / f"{tag}full/out/metrics.json").read_text())
+    resumed = json.loads((workdir / f"{tag}killed/out/metrics.json").read_text())
+    manifest = json.loads((workdir / f"{tag}killed/out/run_manifest.json").read_text())
     assert manifest["resumed_from_round"] == killed_at
-    assert json.loads((workdir / "full/out/run_manifest.json").read_text())["resumed_from_round"] is None
+    assert json.loads((workdir / f"{tag}full/out/run_manifest.json").read_text())["resumed_from_round"] is None
     assert resumed["rounds"] == full["rounds"] == ROUNDS
     for key in ("eval", "by_rule", "selection", "comm"):
         assert resumed[key] == full[key], key
-    pd.testing.assert_frame_equal(eval_history(workdir / "killed/out/history.csv"),
-                                  eval_history(workdir / "full/out/history.csv"))
-    with np.load(workdir / "full/out/predictions.npz") as a, np.load(workdir / "killed/out/predictions.npz") as b:
+    pd.testing.assert_frame_equal(eval_history(workdir / f"{tag}killed/out/history.csv"),
+                                  eval_history(workdir / f"{tag}full/out/history.csv"))
+    with np.load(workdir / f"{tag}full/out/predictions.npz") as a, np.load(workdir / f"{tag}killed/out/predictions.npz") as b:
         assert sorted(a.files) == sorted(b.files)
         for name in a.files:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-    model_a = torch.load(workdir / "full/ckpt/model.pt", weights_only=False)["model"]["server"]
-    model_b = torch.load(workdir / "killed/ckpt/model.pt", weights_only=False)["model"]["server"]
+    model_a = torch.load(workdir / f"{tag}full/ckpt/model.pt", weights_only=False)["model"]["server"]
+    model_b = torch.load(workdir / f"{tag}killed/ckpt/model.pt", weights_only=False)["model"]["server"]
     assert model_a.keys() == model_b.keys()
     assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
     assert not resume.exists(), "resume.pt is removed once the run is complete"
+    assert not (workdir / f"{tag}killed/ckpt/clients").exists(), "so are the per-client state files"
+    if client_state == "disk":
+        assert manifest["execution"]["client_state"]["stores"]["optimizer"]["on_disk"] == 2      # both clients
 
 
 def test_checkpoint_of_another_configuration_is_not_resumed(tiny_run):

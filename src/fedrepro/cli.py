@@ -86,7 +86,7 @@ def cmd_features(args) -> None:
     seed_global(0, "init")  # random-init encoders (tests, demo) must be the same in every job
     build_feature_cache(Path(args.manifest), Path(args.raw_dir), list(dataset(args.dataset).classes),
                         json.loads(args.encoder), Path(args.out), resolve_device(args.device),
-                        workers=resolve_workers(args.workers), draft=args.jpeg_draft == "true")
+                        workers=resolve_workers(args.workers), draft=args.jpeg_draft == "true", precision=args.precision)
 
 
 def cmd_train(args) -> None:
@@ -193,6 +193,31 @@ def cmd_weights(args) -> None:
         raise SystemExit(f"{len(failed)} of {len(specs)} weights resource(s) failed: {', '.join(failed)}")
 
 
+def cmd_estimate(args) -> None:
+    from .config import ConfigError, load_project
+    from .fl.memory import fmt, planned
+
+    project = load_project(args.configfile or None)
+    if args.paper:
+        if not (args.setting and args.method):
+            raise ConfigError("fedrepro estimate <paper> <setting> <method>: give all three (or none for the grid)")
+        key = project.run_key(args.paper, args.setting, args.method, args.seed if args.seed is not None else project.seeds[0],
+                              args.protocol)
+        if key not in set(project.runs()):
+            raise ConfigError(f"no run {key.path} in the configuration (fedrepro validate lists the grid)")
+        est = planned(project, key, args.workers, args.device)
+        print("\n".join(est.lines()))
+        print(f"request: mem_mb={est.host_mb()}" + (f" gpu_mem_mb={est.gpu_mb()}" if est.gpu else ""))
+        return
+    seen = {}
+    for key in project.runs():
+        seen.setdefault((key.protocol, key.paper, key.setting, key.method), key)
+    print(f"{'run (first seed)':<72} {'device':>6} {'host':>10} {'GPU':>10}")
+    for key in seen.values():
+        est = planned(project, key, args.workers, args.device)
+        print(f"{key.path:<72} {est.device:>6} {fmt(est.host_bytes):>10} {fmt(est.gpu_bytes) if est.gpu else '-':>10}")
+
+
 def cmd_validate(args) -> None:
     from .config import load_project
 
@@ -258,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", default="auto", help="image decoding processes (auto = the job's CPUs minus one)")
     p.add_argument("--jpeg-draft", choices=("true", "false"), default="true", help="JPEG DCT scaling (data.jpeg_draft)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16", "auto"), default="fp32",
+                   help="the image tower's forward pass (fedrepro.device); fp32 keeps the cache exact")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_features)
 
@@ -308,6 +335,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="verify every file's SHA-256 instead of fetching")
     p.add_argument("--list", action="store_true", help="list the resources and whether they are present")
     p.set_defaults(fn=cmd_weights)
+    p = sub.add_parser("estimate", help="host and GPU memory a run needs, part by part (what the train rule requests)")
+    p.add_argument("paper", nargs="?", help="with setting and method: one run; none: a line per run of the grid")
+    p.add_argument("setting", nargs="?")
+    p.add_argument("method", nargs="?")
+    p.add_argument("--seed", type=int, help="default: the first configured seed")
+    p.add_argument("--protocol", choices=("clean", "paper"), help="default: the first configured protocol")
+    p.add_argument("--device", choices=("cuda", "cpu"), help="default: as the job is planned (image runs on a GPU)")
+    p.add_argument("--workers", type=int, default=7, help="image loader workers (the train rule's 8 threads - 1)")
+    p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
+    p.set_defaults(fn=cmd_estimate)
 
     p = sub.add_parser("validate", help="validate the configuration and count what it would build")
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
@@ -325,12 +362,13 @@ def main(argv: list[str] | None = None) -> None:
     from .data.images import CorruptImageError
     from .data.manifest import ManifestError
     from .data.partition import SplitError
+    from .fl.memory import InsufficientMemory
     from .models.weights import WeightsError
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
-            WeightsError, FileNotFoundError) as error:
+            WeightsError, InsufficientMemory, FileNotFoundError) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

@@ -65,8 +65,8 @@ def _family(run: dict, classes: list[str]):
 @register_extractor("tsne")
 def global_test_features(job: dict) -> dict:
     """Feature-extractor outputs of the run's final global model on (a sample of) its global test set."""
-    from .data.loader import batches, to_device
-    from .device import resolve_device
+    from .data.loader import batches
+    from .device import Compute, resolve_device
     from .train import load_federation
 
     run, options = job["run"], job["figure"].get("options") or {}
@@ -78,7 +78,8 @@ def global_test_features(job: dict) -> dict:
     model = family.build()
     model.load_state_dict(_checkpoint(job)["server"])
     device = resolve_device(run["device"])
-    model.to(device).eval()
+    compute = Compute.for_run(run["train"], device).with_model(run["train"].get("channels_last", "auto"), model)
+    compute.prepare(model.to(device).eval())
     dataset = fed.global_test
     keep = np.sort(np.random.default_rng(seed).permutation(len(dataset))[:max_points])
     subset = torch.utils.data.Subset(dataset, keep.tolist())
@@ -86,7 +87,8 @@ def global_test_features(job: dict) -> dict:
     feats = []
     with torch.no_grad():
         for batch in batches(subset, run["train"]["eval_batch_size"], shuffle=False):
-            feats.append(family.forward(model, to_device(batch, device)).features.float().cpu())
+            with compute.autocast():
+                feats.append(family.forward(model, compute.batch(batch)).features.float().cpu())
     return {"features": torch.cat(feats).numpy(), "labels": subset.labels, "classes": np.array(fed.class_names)}
 
 

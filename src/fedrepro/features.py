@@ -19,10 +19,12 @@ from .models.encoders import encode_prompts
 
 @torch.no_grad()
 def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: dict, device: torch.device,
-                   batch_size: int = 64, progress: bool = True, workers: int = 0, draft: bool = True) -> dict:
+                   batch_size: int = 64, progress: bool = True, workers: int = 0, draft: bool = True,
+                   precision: str = "fp32") -> dict:
     """Encode every manifest row once; images are decoded at the preprocessing's own size
     (:mod:`fedrepro.data.decode`; JPEG DCT scaling if ``draft``) by ``workers`` loader processes
-    while the encoder runs."""
+    while the encoder runs. ``precision`` (:mod:`fedrepro.device`) of the image tower's forward pass:
+    fp32 by default, since the cache is computed once per dataset and is what every run on it reads."""
     from dataclasses import replace
 
     import numpy as np
@@ -31,8 +33,10 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
     from .data.decode import spec_of
     from .data.images import ManifestImages
     from .data.loader import batches
+    from .device import Compute, resolve_precision
     from .models.encoders import encoder_transform, load_open_clip
 
+    compute = Compute(device, resolve_precision(precision, device))
     model, clip_preprocess, tokenizer = load_open_clip(encoder["name"], encoder["pretrained"], device=str(device))
     transform = encoder_transform(encoder, model, clip_preprocess)
 
@@ -43,7 +47,8 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
     feats = []
     bar = tqdm(total=len(paths), desc="encoding images", unit="img", disable=not progress)
     for batch in batches(images, batch_size, shuffle=False, num_workers=workers):
-        feats.append(model.encode_image(batch["x"].to(device)).float().cpu())
+        with compute.autocast():
+            feats.append(model.encode_image(compute.batch(batch)["x"]).float().cpu())
         bar.update(len(batch["x"]))
     bar.close()
     return {
@@ -53,17 +58,19 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
         "paths": paths,
         "class_names": list(class_names),
         "encoder": dict(encoder),
+        "precision": compute.precision,
     }
 
 
 def build_feature_cache(manifest_path: Path, raw_root: Path, class_names: list[str], encoder: dict, out: Path,
-                        device: torch.device, workers: int = 0, draft: bool = True) -> dict:
+                        device: torch.device, workers: int = 0, draft: bool = True, precision: str = "fp32") -> dict:
     from .data.manifest import read_manifest
     from .models.weights import encoder_weights, require
 
     fetched = require(encoder_weights(encoder))    # the encoder's weights are there and intact, before any image
     manifest = read_manifest(manifest_path)
-    cache = encode_dataset(manifest, raw_root, class_names, encoder, device, workers=workers, draft=draft)
+    cache = encode_dataset(manifest, raw_root, class_names, encoder, device, workers=workers, draft=draft,
+                           precision=precision)
     cache["jpeg_draft"] = draft
     cache["manifest_sha256"] = sha256_file(manifest_path)
     weights = Path(encoder["pretrained"])

@@ -12,9 +12,10 @@ live side by side and never overwrite each other.
     resources/features/<dataset>/<encoder key>.pt         frozen-encoder feature cache
     resources/weights/<weights id>/                       pretrained weights, fetched once (+ weights.json:
                                                           every file's SHA-256, the source and its revision)
+    resources/model_profiles/<key>.json                   a model's memory figures (a cache, fedrepro.fl.memory)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
-    results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt while running)
+    results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt and clients/ while running)
     results/downstream/<protocol>/<paper>/<setting>/<method>/seed<k>/<task>.json
     results/embeddings/<protocol>/<paper>/<setting>/<method>/seed<k>/<figure>.npz
     results/tables/<protocol>/<paper>/<table>.{md,csv,tex,seeds.csv}
@@ -94,6 +95,11 @@ def weights_manifest(weights_id: str, root: str = WEIGHTS_DIR) -> str:
     return f"{root}/{weights_id}/weights.json"
 
 
+def model_profile(key: str) -> str:
+    """A model's and method's memory figures, computed once on the meta device (fedrepro.fl.memory)."""
+    return f"resources/model_profiles/{key}.json"
+
+
 def published(relative: str) -> str:
     """A published-values CSV named by a table's ``published:`` (relative to config/published)."""
     return f"{PUBLISHED_DIR}/{relative}"
@@ -111,6 +117,12 @@ def run_file(key: RunKey, name: str = "metrics.json") -> str:
 
 def checkpoint_dir(key: RunKey) -> str:
     return f"results/checkpoints/{key.path}"
+
+
+def client_states(checkpoint_dir: str | Path) -> str:
+    """Per-client state kept on disk between a client's turns while a run is unfinished, one folder per
+    store, one file per client (fedrepro.fl.client_state); removed with resume.pt when the run ends."""
+    return f"{checkpoint_dir}/clients"
 
 
 def model_file(key: RunKey) -> str:

@@ -52,9 +52,11 @@ def device_info(device) -> dict:
 
 
 def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, timings: dict, resumed_from,
-                 test_data: dict | None = None) -> dict:
+                 test_data: dict | None = None, execution: dict | None = None) -> dict:
     """``test_data``: what test data the run read (selection on the test set, the test set as the
-    domain-adaptation target) and whether it was allowed (paper protocol, or ``allow_test_selection``)."""
+    domain-adaptation target) and whether it was allowed (paper protocol, or ``allow_test_selection``).
+    ``execution``: how the job computed, resolved on its hardware (precision, channels_last, loader
+    workers, where per-client state was kept, the memory estimate)."""
     return {
         "run": {k: run[k] for k in ("paper", "setting", "method", "seed", "protocol", "config_hash")},
         "test_data": test_data,
@@ -70,6 +72,7 @@ def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, ti
         "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
         "hardware": device_info(device),
         "determinism": determinism,
+        "execution": execution or {},
         "timings": timings,
         "resumed_from_round": resumed_from,
     }

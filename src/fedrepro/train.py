@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,12 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import paths
 from .data.decode import spec_of
 from .data.image_cache import ImageCache
 from .data.loader import loader_pool, resolve_workers
 from .data.manifest import read_manifest
 from .data.partition import Split
-from .device import resolve_device
+from .device import Compute, resolve_device
 from .fl.comm import CommLedger
 from .fl.engine import run_rounds
 from .fl.federation import (
@@ -40,6 +42,8 @@ from .fl.federation import (
     federation_datasets,
     target_is_test,
 )
+from .fl.memory import check_fits, clients_of_file
+from .fl.memory import estimate as estimate_memory
 from .fl.method import MethodContext
 from .fl.selection import (
     TEST_RULES,
@@ -162,6 +166,21 @@ def save_predictions(path: Path, predictions: dict, chosen: str) -> None:
             np.savez_compressed(fh, **arrays)
 
 
+def peak_rss() -> int:
+    """This process's peak resident memory so far (bytes), next to the estimate in the manifest."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def client_state_summary(method) -> dict:
+    """Where each per-client store kept its entries: the setting, and how many clients were on disk."""
+    stores = getattr(method, "stores", {})
+    return {"setting": method.ctx.train.get("client_state", "memory"),
+            "stores": {name: {"on_disk": len(store.files), "in_memory": store.resident(), "file_loads": store.loads}
+                       for name, store in stores.items() if len(store)}}
+
+
 def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: logging.Logger | None = None) -> dict:
     log = log or logging.getLogger("fedrepro.train")
     out_dir, checkpoint_dir = Path(out_dir), Path(checkpoint_dir)
@@ -174,16 +193,25 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     # timed rounds, so that round 1's train_s (FAA-CLIP Table II's time column) measures training only
     importlib.import_module("torch._dynamo")
 
-    # loader workers are an execution setting: resolved from the job's CPUs, recorded, never hashed
+    # execution settings are resolved here, on the job's hardware, and recorded in the run manifest:
+    # loader workers from the job's CPUs (results do not depend on them), precision from the device
     workers = resolve_workers(run["train"]["num_workers"])
-    run = {**run, "train": {**run["train"], "num_workers": workers}}
+    compute = Compute.for_run(run["train"], device)
+    run = {**run, "train": {**run["train"], "num_workers": workers, "precision": compute.precision}}
     weights = require_weights(weight_specs(run["train"]["model"]))   # before any data is read
+    # a run that cannot fit says so before it starts (fedrepro.fl.memory; FEDREPRO_MEMORY_CHECK=warn|off)
+    clients = clients_of_file(run["paths"]["split"]) or 1
+    needed = estimate_memory(run, clients, device, workers if run["input"] != "features" else 0)
+    for line in needed.lines():
+        log.info("%s", line)
+    check_fits(needed, log)
     algorithm = method_class(run["algorithm"]["name"])
     split_file = read_json(run["paths"]["split"])
     test_data = describe_test_use(run, algorithm.reads_target(run["algorithm"]["params"]), Split.from_json(split_file))
     fed, hashes = load_federation(run, split_file)
     hashes["weights"] = weights
-    ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log)
+    states = Path(paths.client_states(checkpoint_dir))
+    ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log, state_dir=states)
     method = algorithm(ctx)
     resume = checkpoint_dir / "resume.pt"
     with loader_pool(federation_datasets(fed), workers if run["input"] != "features" else 0,
@@ -195,10 +223,14 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     write_csv(out_dir / "history.csv", result.history)
     save_predictions(out_dir / "predictions.npz", result.predictions, chosen)
     torch_save(checkpoint_dir / "model.pt", {"config_hash": run["config_hash"], "model": method.final_model()})
+    execution = {"precision": method.compute.precision, "channels_last": method.compute.channels_last,
+                 "num_workers": workers, "client_state": client_state_summary(method),
+                 "memory_estimate": needed.to_json(), "peak_rss_bytes": peak_rss()}
     write_json(out_dir / "run_manifest.json", run_manifest(
-        run, device=device, determinism=determinism, input_hashes=hashes,
+        run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
         timings={"wall_s": time.time() - started, "train_s": float(result.history["train_s"].sum())},
         resumed_from=result.resumed_from, test_data=test_data))
     write_json(out_dir / "metrics.json", summary)  # last: its presence means the run is complete
     resume.unlink(missing_ok=True)
+    shutil.rmtree(states, ignore_errors=True)
     return summary

@@ -84,6 +84,9 @@ def paper_run(paper: str, method: str, setting: str | None = None, *, seed: int 
     # the specifications step torch's reference (multi-tensor) optimizers; the fused kernels a job uses by
     # default compute the same update up to float rounding (tests/test_engine.py checks that)
     run["train"]["optimizer"]["fused"] = False
+    # the specifications compute in fp32; a paper protocol's mixed precision (FACMIC's fp16) is the
+    # engine's business, checked in tests/test_precision.py
+    run["train"]["precision"] = "fp32"
     run["train"]["model"] = model if model is not None else tiny_model(run["train"]["model"])
     run["input"] = input_kind(run["train"]["model"]["family"])
     run["config_hash"] = hash_obj(run)

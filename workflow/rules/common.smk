@@ -1,6 +1,7 @@
 # Shared setup: validate the configuration, derive the grid, and every input function the rules use.
 # Paths come from fedrepro.paths (the one place they are spelled); rules link to each other's outputs.
 
+import functools
 import json
 import os
 import sys
@@ -153,6 +154,31 @@ def train_inputs(wildcards):
 def on_features(wildcards) -> bool:
     """Runs on cached encoder features take seconds to minutes on a CPU; image runs want a GPU."""
     return run_config(wildcards)["input"] == "features"
+
+
+IMAGE_RUN_THREADS = 8
+FALLBACK_MEMORY = {"mem_mb": 32000, "gpu_mem_mb": 0}   # when a run's model cannot be estimated
+
+
+@functools.lru_cache(maxsize=None)
+def _run_memory(path: str) -> dict:
+    from fedrepro.fl.memory import planned
+
+    try:
+        est = planned(PROJECT, RUNS[path], workers=IMAGE_RUN_THREADS - 1)
+    except Exception as error:  # noqa: BLE001 - planning never fails on an estimate
+        print(f"fedrepro: no memory estimate for {path} ({error}); asking for {FALLBACK_MEMORY}", file=sys.stderr)
+        return FALLBACK_MEMORY
+    if "error" in est.profile:
+        print(f"fedrepro: {path}: {est.profile['error']}; asking for {FALLBACK_MEMORY}", file=sys.stderr)
+        return FALLBACK_MEMORY
+    return {"mem_mb": est.host_mb(), "gpu_mem_mb": est.gpu_mb()}
+
+
+def run_memory(wildcards) -> dict:
+    """{"mem_mb", "gpu_mem_mb"} of a run, from its estimate (fedrepro.fl.memory): the host memory its
+    job needs with the rule's loader workers, and the GPU memory of an image run."""
+    return _run_memory(run_key(wildcards).path)
 
 
 def train_group(wildcards):

@@ -17,10 +17,15 @@ rule train:
         checkpoint_dir=lambda wc: paths.checkpoint_dir(run_key(wc)),
     group:
         train_group
-    threads: lambda wc: 1 if on_features(wc) else 8   # image runs: one CPU trains, the rest decode and augment
+    threads: lambda wc: 1 if on_features(wc) else IMAGE_RUN_THREADS   # image runs: one CPU trains, the rest decode
     resources:
         gpu=lambda wc: 0 if on_features(wc) else 1,
-        mem_mb=lambda wc, attempt: attempt * (4000 if on_features(wc) else 32000),
+        # host memory from the run's own estimate (fedrepro.fl.memory; `fedrepro estimate <paper> <setting>
+        # <method>` prints its parts), x the attempt: a job killed for memory gets more on its retry
+        mem_mb=lambda wc, attempt: attempt * run_memory(wc)["mem_mb"],
+        # GPU memory the run needs (MiB): not a SLURM request by itself; map it to a constraint or GPU model
+        # in the profile if your cluster mixes GPU sizes (workflow/profiles/slurm/config.yaml, EDIT 3)
+        gpu_mem_mb=lambda wc: run_memory(wc)["gpu_mem_mb"],
         runtime=lambda wc, attempt: attempt * (15 if on_features(wc) else 720),
     log:
         paths.log("train", "{protocol}/{paper}/{setting}/{method}/seed{seed}"),

@@ -101,7 +101,7 @@ def load_models(job: dict, family, device) -> list[torch.nn.Module]:
 
 def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None) -> dict:
     from ..data.manifest import read_manifest
-    from ..device import resolve_device
+    from ..device import Compute, resolve_device
     from ..models.families import build_family
     from ..models.weights import require, weight_specs
     from ..registry import dataset
@@ -115,6 +115,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
     device = resolve_device(job["device"])
     run, spec = job["run"], job["spec"]
     require(weight_specs(run["train"]["model"]))       # the pretrained files the model is built from, before any data
+    compute = Compute.for_run(run["train"], device)     # the encoders' forward passes: the run's precision
     family = build_family(run["train"]["model"], list(dataset(run["dataset"]).classes), {}).to(device)
     for name in ("encode_image",) + (("image_feature_maps", "eval_geometry") if spec["kind"] == "segmentation" else ()):
         if not hasattr(family, name):
@@ -134,7 +135,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
     per_model = []
     for i, model in enumerate(models):
         log.info("%s: model %d/%d", job["task"], i + 1, len(models))
-        per_model.append(kind(family, model, manifest, labels, classes, splits, subsets, spec, job, device, log))
+        per_model.append(kind(family, model, manifest, labels, classes, splits, subsets, spec, job, compute, log))
     evals = {}
     for key in per_model[0]:
         evals[key] = {m: float(np.mean([r[key][m] for r in per_model])) for m in per_model[0][key]}
@@ -151,6 +152,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
         "sizes": {"train": {fraction_key(f): int(len(rows)) for f, rows in subsets.items()},
                   "val": int(len(splits["val"])), "test": int(len(splits["test"]))},
         "config_hash": job["config_hash"],
+        "precision": compute.precision,
         "time_s": time.time() - started,
     }
     write_json(out, result)

@@ -16,16 +16,21 @@ from torch import nn
 
 from ..data.images import ManifestImages
 from ..data.loader import batches
+from ..device import Compute
 from ..metrics import classification_metrics
 from ..seeding import seed_global, torch_generator
 
 
 @torch.no_grad()
-def encode(family, model, manifest, rows: np.ndarray, features: str, batch_size: int, device, raw_dir: str) -> torch.Tensor:
+def encode(family, model, manifest, rows: np.ndarray, features: str, batch_size: int, compute: Compute,
+           raw_dir: str) -> torch.Tensor:
+    """Frozen-encoder features (fp32, CPU) of ``rows``; the encoder runs in ``compute``'s precision."""
     dataset = ManifestImages(raw_dir, manifest["path"].to_numpy()[rows].tolist(), np.zeros(len(rows)), rows,
                              family.eval_transform())
-    out = [family.encode_image(model, batch["x"].to(device), features).float().cpu()
-           for batch in batches(dataset, batch_size, shuffle=False)]
+    out = []
+    for batch in batches(dataset, batch_size, shuffle=False):
+        with compute.autocast():
+            out.append(family.encode_image(model, compute.batch(batch)["x"], features).float().cpu())
     return torch.cat(out) if out else torch.zeros(0)
 
 
@@ -53,14 +58,14 @@ def train_linear(x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: t
     return head
 
 
-def linear_probe(family, model, manifest, labels, classes, splits, subsets, spec, job, device, log) -> dict:
+def linear_probe(family, model, manifest, labels, classes, splits, subsets, spec, job, compute: Compute, log) -> dict:
     from . import fraction_key
 
     bs, raw = spec["batch_size"], job["paths"]["raw_dir"]
     train_rows = np.unique(np.concatenate(list(subsets.values())))
-    cache = {int(r): f for r, f in zip(train_rows, encode(family, model, manifest, train_rows, spec["features"], bs, device, raw))}
-    x_val = encode(family, model, manifest, splits["val"], spec["features"], bs, device, raw)
-    x_test = encode(family, model, manifest, splits["test"], spec["features"], bs, device, raw)
+    cache = {int(r): f for r, f in zip(train_rows, encode(family, model, manifest, train_rows, spec["features"], bs, compute, raw))}
+    x_val = encode(family, model, manifest, splits["val"], spec["features"], bs, compute, raw)
+    x_test = encode(family, model, manifest, splits["test"], spec["features"], bs, compute, raw)
     y_val, y_test = torch.as_tensor(labels[splits["val"]]), labels[splits["test"]]
     out = {}
     for fraction, rows in subsets.items():

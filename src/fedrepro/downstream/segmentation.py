@@ -96,12 +96,14 @@ class MaskedImages:
 
 
 @torch.no_grad()
-def encode_maps(family, model, dataset, levels: int, batch_size: int, device) -> tuple[list[torch.Tensor], torch.Tensor]:
+def encode_maps(family, model, dataset, levels: int, batch_size: int, compute) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The frozen encoder's token maps (stored in fp16 on the CPU; the encoder runs in ``compute``'s precision)."""
     from ..data.loader import batches
 
     maps, masks = None, []
     for batch in batches(dataset, batch_size, shuffle=False):
-        out = [m.half().cpu() for m in family.image_feature_maps(model, batch["x"].to(device), levels)]
+        with compute.autocast():
+            out = [m.half().cpu() for m in family.image_feature_maps(model, batch["x"].to(compute.device), levels)]
         maps = [[o] for o in out] if maps is None else [acc + [o] for acc, o in zip(maps, out)]
         masks.append(batch["mask"])
     return [torch.cat(m) for m in maps], torch.cat(masks)
@@ -125,8 +127,10 @@ def evaluate_decoder(decoder, maps, masks, device, batch_size: int) -> dict[str,
             "dice_per_image": float(np.mean(per_image)) if per_image else float("nan")}
 
 
-def segmentation(family, model, manifest, labels, classes, splits, subsets, spec, job, device, log) -> dict:
+def segmentation(family, model, manifest, labels, classes, splits, subsets, spec, job, compute, log) -> dict:
     from . import DownstreamError, fraction_key
+
+    device = compute.device
 
     column = spec["mask_column"]
     if column not in manifest.columns:
@@ -137,12 +141,12 @@ def segmentation(family, model, manifest, labels, classes, splits, subsets, spec
         return MaskedImages(family, job["paths"]["raw_dir"], [paths[r] for r in rows], [boxes[r] for r in rows])
 
     bs, levels = spec["batch_size"], spec["levels"]
-    val_maps, val_masks = encode_maps(family, model, data(splits["val"]), levels, bs, device)
-    test_maps, test_masks = encode_maps(family, model, data(splits["test"]), levels, bs, device)
+    val_maps, val_masks = encode_maps(family, model, data(splits["val"]), levels, bs, compute)
+    test_maps, test_masks = encode_maps(family, model, data(splits["test"]), levels, bs, compute)
     out = {}
     for fraction, rows in subsets.items():
         seed_global(job["seed"], "downstream", job["task"], fraction)
-        maps, masks = encode_maps(family, model, data(rows), levels, bs, device)
+        maps, masks = encode_maps(family, model, data(rows), levels, bs, compute)
         decoder = UNetDecoder([m.shape[1] for m in maps], spec["channels"]).to(device)
         optimizer = torch.optim.Adam(decoder.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
         generator = torch_generator(job["seed"], "downstream", job["task"], fraction)

@@ -2,7 +2,8 @@
 aggregate -> evaluate -> log -> checkpoint, until the configured number of rounds.
 
 Resume: after every round the method state, the history and the tracked predictions go to
-``resume.pt`` (atomic write). A job that is killed and started again continues after the last
+``resume.pt`` (atomic write); per-client state kept on disk (:mod:`fedrepro.fl.client_state`) is
+referenced from it by file name, and only the files of clients whose state changed are written. A job that is killed and started again continues after the last
 finished round; since every random stream is keyed by (seed, purpose, round, client), the resumed
 run produces the same numbers as an uninterrupted one.
 """
@@ -60,6 +61,7 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
     tag = f"{run['paper']}/{run['setting']}/{run['method']}/seed{seed}"
     for rnd in range(start, rounds):
         t0 = time.perf_counter()
+        method.start_round(rnd)
         message = method.broadcast(rnd)
         updates = []
         for client in method.participants():
@@ -78,7 +80,8 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
         row["loss"] = float(np.average(losses, weights=weights)) if weights.sum() and not np.isnan(losses).all() else float("nan")
         if (rnd + 1) % eval_every == 0 or rnd + 1 == rounds:
             t1 = time.perf_counter()
-            metrics, preds = method.evaluate(fed)
+            with method.autocast():
+                metrics, preds = method.evaluate(fed)
             row["eval_s"] = time.perf_counter() - t1
             row.update(metrics)
             tracker.update(rnd + 1, metrics, preds)
@@ -90,6 +93,7 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
             "config_hash": run["config_hash"], "next_round": rnd + 1, "history": history,
             "method": method.state_dict(), "comm": method.ctx.comm.state_dict(), "tracker": tracker.state_dict(),
         })
+        method.checkpoint_committed()     # per-client state files the checkpoint no longer names go
 
     return RunResult(pd.DataFrame(history), tracker.predictions, method.ctx.comm.state_dict(), resumed_from)
 

@@ -42,6 +42,14 @@ def local_batches(dataset, train: dict, seed: int, rnd: int, client: int) -> Ite
             yield from one_pass(p)
 
 
+def optimizer_factor(cfg: dict) -> int:
+    """Tensors of a parameter's size the optimizer keeps per trainable parameter: Adam's two moments,
+    SGD's momentum buffer (or nothing)."""
+    if cfg["name"] in ("adam", "adamw"):
+        return 2
+    return 1 if cfg.get("momentum") else 0
+
+
 def make_optimizer(params: Iterable, cfg: dict) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
     name, lr, wd = cfg["name"], cfg["lr"], cfg.get("weight_decay", 0.0)

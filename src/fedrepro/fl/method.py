@@ -20,18 +20,22 @@ import copy
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..data.loader import batches, to_device
+from ..data.loader import batches
+from ..device import Compute, backward_step
 from ..models.families import ModelFamily, Output, build_family
 from ..seeding import seed_global
+from .client_state import ClientStates
 from .comm import CommLedger
 from .evaluation import evaluate
 from .federation import ClientData, Federation
-from .local import local_batches, make_optimizer
+from .local import local_batches, make_optimizer, optimizer_factor
 
 
 @dataclass
@@ -49,6 +53,7 @@ class MethodContext:
     device: torch.device
     comm: CommLedger
     log: logging.Logger
+    state_dir: Path | None = None   # where per-client state may be kept between turns (paths.client_states)
 
     @property
     def seed(self) -> int:
@@ -71,6 +76,39 @@ class FederatedMethod(ABC):
         self.fed = ctx.federation
         self.device = ctx.device
         self.params = ctx.params
+        # precision and memory layout (fedrepro.device); channels_last is settled once the model exists
+        self.compute = Compute.for_run(ctx.train, ctx.device)
+        self.stores: dict[str, ClientStates] = {}
+        self.round = -1
+
+    def client_states(self, name: str) -> ClientStates:
+        """A ``client -> state`` mapping kept in memory or one file per client (``train.client_state``,
+        :mod:`fedrepro.fl.client_state`); its entries are checkpointed with the method's state."""
+        store = ClientStates(name, self.ctx.train.get("client_state", "memory"), self.ctx.state_dir,
+                             len(self.fed.clients))
+        store.round = self.round
+        self.stores[name] = store
+        return store
+
+    def start_round(self, rnd: int) -> None:
+        """Called by the engine before round ``rnd``'s broadcast."""
+        self.round = rnd
+        for store in self.stores.values():
+            store.round = rnd
+
+    def checkpoint_committed(self) -> None:
+        """Called by the engine once ``resume.pt`` holds the method's state: client-state files it no
+        longer names are deleted."""
+        for store in self.stores.values():
+            store.committed()
+
+    def autocast(self):
+        """The context every forward pass of this method's training and evaluation runs in."""
+        return self.compute.autocast()
+
+    def to_device(self, batch: dict) -> dict:
+        """A batch on the method's device, images in the model's memory layout."""
+        return self.compute.batch(batch)
 
     @classmethod
     def reads_target(cls, params: dict) -> bool:
@@ -109,6 +147,14 @@ class FederatedMethod(ABC):
     def final_model(self) -> dict:
         """What is saved as the run's model checkpoint (default: the whole method state)."""
         return self.state_dict()
+
+    def memory_layout(self) -> dict:
+        """What the method keeps besides the model it trains, in bytes, for the memory estimate
+        (:mod:`fedrepro.fl.memory`): ``device_models`` = full model copies on the compute device,
+        ``per_client`` = store -> bytes each client keeps between its turns, ``host_extra`` = other host
+        copies. Called on an instance whose ``server`` was built on the meta device and whose ``shared``
+        keys are set; ``setup`` has not run."""
+        return {"device_models": 2, "per_client": {}, "host_extra": 0}
 
     def evaluate(self, fed: Federation) -> tuple[dict, dict]:
         """Per-round evaluation -> (flat metrics ``{"<eval>/<metric>": value}``, predictions ``{"<eval>": (probs, labels)}``).
@@ -151,13 +197,17 @@ class ModelAveraging(FederatedMethod):
                                                 self.fed.extras).to(self.device)
         seed_global(self.ctx.seed, "init")
         self.server: nn.Module = self.build_model().to(self.device)
+        self.compute = self.compute.with_model(train.get("channels_last", "auto"), self.server)
+        self.compute.prepare(self.server)
         self.work: nn.Module = copy.deepcopy(self.server)
         self.shared: list[str] = self.shared_keys()
-        self.private: dict[str, dict] = {}        # client -> {"model": private tensors, "optimizer": state}
+        self.private = self.client_states("private")            # client -> its private (non-shared) tensors
+        self.optimizer_states = self.client_states("optimizer")  # client -> optimizer state (optimizer.persist)
+        self.scalers: dict[str, dict] = {}                       # client -> fp16 gradient scaler state (a few numbers)
         # a client's private parameters start where the server's did, not where the previous client left them
         initial = self.server.state_dict()
         self.initial_private = {k: v.detach().cpu().clone() for k, v in initial.items() if k not in set(self.shared)}
-        self.local_models: dict[str, dict] = {}   # client -> its model after local training (client_eval: local)
+        self.local_models = self.client_states("local_models")  # client -> its model after local training (client_eval: local)
         if self.ctx.train.get("client_eval", "global") == "local":
             self.personalized = True
 
@@ -194,22 +244,37 @@ class ModelAveraging(FederatedMethod):
     def trainable_parameters(self, model: nn.Module):
         return model.parameters()
 
+    def state_bytes(self, keys=None) -> int:
+        """Bytes of the server's state (or of the entries in ``keys``): the memory estimate's unit."""
+        return sum(v.numel() * v.element_size() for k, v in self.server.state_dict().items() if keys is None or k in keys)
+
+    def memory_layout(self) -> dict:
+        """Server and working copy on the device; per client: its private (non-shared) tensors, its
+        optimizer state under ``optimizer.persist``, its local model under ``client_eval: local``."""
+        train, state = self.ctx.train, self.server.state_dict()
+        private = self.state_bytes(set(state) - set(self.shared))
+        trainable = sum(p.numel() * p.element_size() for p in self.server.parameters() if p.requires_grad)
+        per_client = {"private": private}
+        if train["optimizer"].get("persist"):
+            per_client["optimizer"] = optimizer_factor(train["optimizer"]) * trainable
+        if train.get("client_eval", "global") == "local":
+            per_client["local_models"] = self.state_bytes()
+        return {"device_models": 2, "per_client": per_client, "host_extra": private}
+
     def local_config(self, client: ClientData, rnd: int) -> dict:
         """The train block that governs ``client``'s local work in round ``rnd`` (``local`` steps or
         epochs, ``optimizer``); default: the run's. Methods whose local work varies by round or
         client (training stages, per-client step sizes) return a modified copy."""
         return self.ctx.train
 
-    def separate_client_builds(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Every client's model built on its own, under the (seed, "init", client) stream -> client ->
-        state dict (CPU). For methods whose authors construct one model per client instead of copying
-        one initial model: pretrained weights are the same for all, random parts (adapters, heads)
-        differ per client. Call it in ``setup`` (it reseeds the global RNGs)."""
-        states = {}
+    def separate_client_builds(self) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        """Every client's model built on its own, under the (seed, "init", client) stream -> (client,
+        state dict on the CPU), one at a time. For methods whose authors construct one model per client
+        instead of copying one initial model: pretrained weights are the same for all, random parts
+        (adapters, heads) differ per client. Call it in ``setup`` (it reseeds the global RNGs)."""
         for client in self.fed.clients:
             seed_global(self.ctx.seed, "init", client.index)
-            states[client.name] = _cpu(self.build_model().state_dict())
-        return states
+            yield client.name, _cpu(self.build_model().state_dict())
 
     # ---- the protocol ---------------------------------------------------------------------
     def broadcast(self, rnd: int) -> dict[str, torch.Tensor]:
@@ -217,7 +282,7 @@ class ModelAveraging(FederatedMethod):
         return {k: state[k] for k in self.shared}
 
     def load_client_model(self, client: ClientData, message: dict) -> nn.Module:
-        mine = self.private.get(client.name, {}).get("model") or self.initial_private
+        mine = self.private.get(client.name) or self.initial_private
         state = {**message, **{k: v.to(self.device) for k, v in mine.items()}}
         self.work.load_state_dict(state, strict=False)
         return self.work
@@ -226,26 +291,31 @@ class ModelAveraging(FederatedMethod):
         model = self.load_client_model(client, message)
         model.train()
         train = self.local_config(client, rnd)
+        persist = train["optimizer"].get("persist")
         optimizer = make_optimizer(self.trainable_parameters(model), train["optimizer"])
-        saved = self.private.get(client.name, {}).get("optimizer")
-        if saved is not None and train["optimizer"].get("persist"):
-            optimizer.load_state_dict(saved)
+        if persist and client.name in self.optimizer_states:
+            optimizer.load_state_dict(self.optimizer_states[client.name])
+        scaler = self.compute.scaler()      # fp16: the client's loss scale carries over from its last turn
+        if scaler is not None and client.name in self.scalers:
+            scaler.load_state_dict(self.scalers[client.name])
         self.before_local_training(client, rnd)
         losses = []
         for batch in local_batches(client.train, train, self.ctx.seed, rnd, client.index):
-            batch = to_device(batch, self.device)
-            loss, _ = self.local_loss(model, batch, client, rnd)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            batch = self.to_device(batch)
+            with self.autocast():
+                loss, _ = self.local_loss(model, batch, client, rnd)
+            backward_step(loss, optimizer, scaler)
             losses.append(loss.detach())
         self.after_local_training(client, rnd)
         state = model.state_dict()
         private_keys = [k for k in state if k not in set(self.shared)]
-        self.private[client.name] = {
-            "model": {k: state[k].detach().cpu().clone() for k in private_keys},
-            "optimizer": _cpu(optimizer.state_dict()) if train["optimizer"].get("persist") else None,
-        }
+        if private_keys:
+            self.private[client.name] = {k: state[k].detach().cpu().clone() for k in private_keys}
+        if persist:
+            self.optimizer_states[client.name] = _cpu(optimizer.state_dict())
+        if scaler is not None:
+            self.scalers[client.name] = scaler.state_dict()
+        optimizer.state.clear()   # free the moments now: an optimizer lives in a reference cycle until the next GC
         if self.ctx.train.get("client_eval", "global") == "local":
             self.local_models[client.name] = _cpu(state)
         return ClientUpdate(
@@ -276,7 +346,8 @@ class ModelAveraging(FederatedMethod):
         probs = []
         for batch in batches(dataset, self.ctx.train["eval_batch_size"], shuffle=False,
                              num_workers=self.ctx.train.get("num_workers", 0)):
-            scores = self.class_scores(model, to_device(batch, self.device))
+            with self.autocast():
+                scores = self.class_scores(model, self.to_device(batch))
             probs.append(torch.softmax(scores.float(), dim=1).cpu())
         model.train(was_training)
         return torch.cat(probs).numpy() if probs else np.zeros((0, self.fed.num_classes), dtype=np.float32)
@@ -288,12 +359,16 @@ class ModelAveraging(FederatedMethod):
 
     # ---- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"server": _cpu(self.server.state_dict()), "private": self.private, "local_models": self.local_models}
+        return {"server": _cpu(self.server.state_dict()), "private": self.private.state_dict(),
+                "optimizer": self.optimizer_states.state_dict(), "scalers": dict(self.scalers),
+                "local_models": self.local_models.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.server.load_state_dict(state["server"])
-        self.private = state["private"]
-        self.local_models = state.get("local_models", {})
+        self.private.load_state_dict(state["private"])
+        self.optimizer_states.load_state_dict(state["optimizer"])
+        self.scalers = dict(state["scalers"])
+        self.local_models.load_state_dict(state["local_models"])
 
     def final_model(self) -> dict:
         return {"server": _cpu(self.server.state_dict())}

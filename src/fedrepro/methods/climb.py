@@ -99,7 +99,7 @@ class CLIMB(ModelAveraging):
         size = self.ctx.train["batch_size"] if batch_sum else self.ctx.train["eval_batch_size"]
         total, n = 0.0, 0
         with fixed_randomness(self.ctx.seed, "augment", "climb-loss", client.index):
-            for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.device, size):
+            for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.compute, size):
                 losses = [F.cross_entropy(s, t, reduction="mean" if batch_sum else "sum") for s, t in out.objective]
                 total += float(sum(losses) / len(losses)) if batch_sum else float(sum(losses))
                 n += len(batch["y"])

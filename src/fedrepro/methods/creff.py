@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from ..data.images import with_transform
-from ..data.loader import to_device
+from ..device import fp32
 from ..fl.evaluation import dataset_labels
 from ..fl.method import ModelAveraging
 from ..registry import register_method
@@ -184,14 +184,15 @@ class CReFF(ModelAveraging):
                 draws = []
                 for repeat in range(p["gradient_repeats"]):
                     pick = rng.permutation(members)[: p["batch_real"]]
-                    batch = to_device(gather(images, pick), self.device)
+                    batch = self.to_device(gather(images, pick))
                     if batch["x"].dim() == 5:
                         batch["x"] = batch["x"][:, 0]
                     if batch["x"].dim() == 4:            # images (cached features are not augmented)
                         seed = derive_seed(self.ctx.seed, "augment", "creff-dsa", rnd, client.index, int(c), repeat)
                         batch["x"] = diff_augment(batch["x"], p["dsa_strategy"], seed % 2**31)
-                    with torch.no_grad():
+                    with torch.no_grad(), self.autocast():
                         feats = self.family.forward(self.grad_model, batch).features
+                    feats = fp32(feats)       # the classifier gradients are taken in fp32
                     draws.append(classifier_gradients(feats, batch["y"], weight.to(self.device), bias.to(self.device)))
                 out[int(c)] = (torch.stack([d[0] for d in draws]).mean(0), torch.stack([d[1] for d in draws]).mean(0))
         return out
@@ -255,6 +256,11 @@ class CReFF(ModelAveraging):
         return self.eval_model
 
     # ---- checkpointing ------------------------------------------------------------------
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 2                 # the evaluated model and the gradient model
+        return layout
+
     def state_dict(self):
         return {**super().state_dict(), "features": self.features.detach().cpu().clone(),
                 "retrained": {k: v.cpu().clone() for k, v in self.retrained.state_dict().items()}}

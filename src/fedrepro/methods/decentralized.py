@@ -51,8 +51,8 @@ class Decentralized(ModelAveraging):
 
     def setup(self) -> None:
         super().setup()
-        self.local_states: dict[str, dict] = {}     # client -> its own full model after its last local round
-        self.turn_states: dict[str, dict] = {}      # client -> its model after local training in round R
+        self.local_states = self.client_states("own_models")   # client -> its own full model after its last local round
+        self.turn_states = self.client_states("turn_models")   # client -> its model after local training in round R
         self.rnd = 0
         if self.params["shallow_rounds"]:
             if not hasattr(self.work, "shallow_parameters"):
@@ -109,15 +109,22 @@ class Decentralized(ModelAveraging):
             metrics.update(score_models(self, fed, self.turn_states, f"turn{self.params['federated_rounds']}."))
         return metrics, preds
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["per_client"]["own_models"] = self.state_bytes()
+        if self.params["federated_rounds"]:
+            layout["per_client"]["turn_models"] = self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "local": self.local_states, "turn": self.turn_states}
+        return {**super().state_dict(), "local": self.local_states.state_dict(), "turn": self.turn_states.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.local_states = state["local"]
-        self.turn_states = state.get("turn", {})
+        self.local_states.load_state_dict(state["local"])
+        self.turn_states.load_state_dict(state["turn"])
 
     def final_model(self) -> dict:
         """The server model (the initial or round-R global model) and every client's own model;
         downstream tasks evaluate each client model and report their mean."""
-        return {**super().final_model(), "clients": self.local_states}
+        return {**super().final_model(), "clients": self.local_states.materialise()}

@@ -47,6 +47,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..device import full_precision
 from ..models.families import clip_scores
 from ..registry import register_method
 from .target_domain import DomainAdaptation
@@ -91,6 +92,7 @@ def target_weights(probs: torch.Tensor, mode: str) -> torch.Tensor:
     return probs / torch.where(mass > 0, mass, torch.ones_like(mass))
 
 
+@full_precision
 def lmmd(source: torch.Tensor, target: torch.Tensor, source_labels: torch.Tensor, target_probs: torch.Tensor, *,
          kernels: int = 5, kernel_mul: float = 2.0, bandwidth: str = "mean", pseudo_labels: str = "soft",
          classes: str = "common") -> torch.Tensor:

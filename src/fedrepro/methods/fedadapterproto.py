@@ -194,13 +194,13 @@ class FedAdapterProto(ModelAveraging):
             raise ValueError(f"fedadapterproto trains the adapter_protonet model family, not {family!r}")
         super().setup()
         self.anchor: dict[str, torch.Tensor] = {}
-        self.own_shared: dict[str, dict] = {}      # client -> its own adapters/head (client_start: local)
-        self.final_local: dict[str, dict] = {}     # client -> its whole model after the last local update
-        self.pushed: dict[str, dict] = {}          # client -> a pushed copy of that model (figures only)
+        self.own_shared = self.client_states("own_shared")     # client -> its own adapters/head (client_start: local)
+        self.final_local = self.client_states("final_local")   # client -> its whole model after the last local update
+        self.pushed = self.client_states("pushed")             # client -> a pushed copy of that model (figures only)
         self.push_record: dict[str, dict] = {}
         shared = set(self.shared)
-        for name, state in self.separate_client_builds().items():   # one model built per client, as the code
-            self.private[name] = {"model": {k: v for k, v in state.items() if k not in shared}, "optimizer": None}
+        for name, state in self.separate_client_builds():   # one model built per client, as the code
+            self.private[name] = {k: v for k, v in state.items() if k not in shared}
             if self.params["client_start"] == "local":
                 self.own_shared[name] = {k: v for k, v in state.items() if k in shared}
 
@@ -254,7 +254,8 @@ class FedAdapterProto(ModelAveraging):
             copy_ = copy.deepcopy(self.work)          # the evaluated model stays unpushed
             data = with_transform(client.train, self.family.eval_transform())
             loader = batches(data, self.ctx.train["eval_batch_size"], shuffle=False, num_workers=self.ctx.train["num_workers"])
-            self.push_record[client.name] = push_prototypes(copy_, loader, self.device)
+            with self.autocast():
+                self.push_record[client.name] = push_prototypes(copy_, loader, self.device)
             self.pushed[client.name] = {k: v.detach().cpu().clone() for k, v in copy_.state_dict().items()}
 
     def aggregate(self, updates, rnd):
@@ -269,24 +270,35 @@ class FedAdapterProto(ModelAveraging):
                                                client_weights(rule, sizes, steps)))
         self.server.load_state_dict(merged, strict=False)
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        if self.params["client_start"] == "local":
+            layout["per_client"]["own_shared"] = self.state_bytes(set(self.shared))
+        layout["per_client"]["final_local"] = self.state_bytes()               # after the last round
+        if self.params["push"] == "last_round":
+            layout["per_client"]["pushed"] = self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "own_shared": self.own_shared, "final_local": self.final_local,
-                "pushed": self.pushed, "push": self.push_record}
+        return {**super().state_dict(), "own_shared": self.own_shared.state_dict(),
+                "final_local": self.final_local.state_dict(), "pushed": self.pushed.state_dict(), "push": self.push_record}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.own_shared, self.final_local, self.push_record = state["own_shared"], state["final_local"], state["push"]
-        self.pushed = state.get("pushed", {})
+        self.own_shared.load_state_dict(state["own_shared"])
+        self.final_local.load_state_dict(state["final_local"])
+        self.pushed.load_state_dict(state["pushed"])
+        self.push_record = state["push"]
 
     def final_model(self) -> dict:
         """The server's adapters/head, every client's evaluated model (after its last local update,
         unpushed), the pushed copies the prototype figures show, and the push record."""
-        clients = dict(self.final_local)
+        clients = self.final_local.materialise()
         for client in self.fed.clients:
             if client.name not in clients:
                 clients[client.name] = {k: v.detach().cpu().clone() for k, v in self.model_for(client).state_dict().items()}
         return {"server": {k: v.detach().cpu().clone() for k, v in self.server.state_dict().items()},
-                "clients": clients, "pushed": dict(self.pushed), "push": self.push_record}
+                "clients": clients, "pushed": self.pushed.materialise(), "push": self.push_record}
 
 
 def client_share(client) -> int:

@@ -55,7 +55,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset
 
-from ..data.loader import batches, to_device
+from ..data.loader import batches
+from ..device import full_precision
 from ..fl.method import ModelAveraging, _cpu
 from ..models.vlp import require_vlp
 from ..registry import register_method
@@ -64,6 +65,7 @@ from ..seeding import numpy_rng, seed_global
 # --------------------------------------------------------------------------------------------
 # the global constraint
 
+@full_precision
 def global_constraint(u: torch.Tensor, u_bar: torch.Tensor, w: torch.Tensor, w_bar: torch.Tensor,
                       distance: str = "mse", normalize: bool = True) -> torch.Tensor:
     """L_con between the local (u, w) and the frozen global (ū, w̄) embeddings of the same pairs;
@@ -401,16 +403,24 @@ class FedDRA(ModelAveraging):
         for i, batch in enumerate(batches(self.risk_sets[client.name], self.ctx.train["batch_size"], shuffle=False)):
             if limit is not None and i == limit:
                 break
-            batch = to_device(batch, self.device)
-            out = self.family.forward(model, batch)
-            loss = self.family.loss_terms(out)["ita"]
-            if with_constraint:
-                loss = loss + self.constraint(out, self.family.forward(self.anchor, batch).extra)
+            batch = self.to_device(batch)
+            with self.autocast():
+                out = self.family.forward(model, batch)
+                loss = self.family.loss_terms(out)["ita"]
+                if with_constraint:
+                    loss = loss + self.constraint(out, self.family.forward(self.anchor, batch).extra)
             losses.append(float(loss))
         model.train(was_training)
         return float(np.mean(losses)) if losses else 0.0
 
     # ---- checkpointing ----------------------------------------------------------------------
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 1                 # the anchor model
+        if self.params["anchor"] == "code":
+            layout["host_extra"] += self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "lambda": self.lam.tolist(), "risks": self.last_risks.tolist(),
                 "anchor": self.anchor_state}

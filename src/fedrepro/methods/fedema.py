@@ -64,7 +64,6 @@ FEDEMA_PARAMS = {
 class FedEMA(BYOLBaseline):
     def setup(self) -> None:
         super().setup()
-        self.local_models: dict[str, dict] = {}   # client -> its model after its last round
         self.scales: dict[str, float] = {}        # client -> lambda_k (the autoscaler)
         self.mu: dict[str, float] = {}
 
@@ -90,9 +89,14 @@ class FedEMA(BYOLBaseline):
         super().after_local_training(client, rnd)
         self.local_models[client.name] = {k: v.detach().cpu().clone() for k, v in self.work.state_dict().items()}
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["per_client"]["local_models"] = self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "local_models": self.local_models, "scales": self.scales}
+        return {**super().state_dict(), "scales": self.scales}   # local_models: the base's store (every client's model)
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.local_models, self.scales = state["local_models"], state["scales"]
+        self.scales = state["scales"]

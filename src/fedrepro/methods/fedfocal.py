@@ -19,10 +19,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..registry import register_method
 
 
+@full_precision
 def focal_loss(scores: torch.Tensor, targets: torch.Tensor, gamma: float, smoothing: float = 0.0) -> torch.Tensor:
     log_p = F.log_softmax(scores, dim=1)
     k = scores.shape[1]

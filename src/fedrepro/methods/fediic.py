@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..models.families import cross_entropy_over
 from ..registry import register_method
@@ -65,6 +66,7 @@ def pairwise_temperature(sample_prior: torch.Tensor, t: float, tau: float, floor
     return torch.clamp((sample_prior[:, None] * sample_prior[None, :]) ** t * tau, min=floor)
 
 
+@full_precision
 def intra_client_contrastive(z: torch.Tensor, labels: torch.Tensor, prior: torch.Tensor, t: float = 0.5,
                              tau: float = 1.0, floor: float = 0.07, reduction: str = "mean") -> torch.Tensor:
     """Eq. 3 on normalised embeddings ``z`` (N x D) with labels (N) and the local class prior (L), in
@@ -85,6 +87,7 @@ def intra_client_contrastive(z: torch.Tensor, labels: torch.Tensor, prior: torch
     return per_anchor.mean() if reduction == "mean" else per_anchor.sum()
 
 
+@full_precision
 def inter_client_contrastive(z: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, tau: float = 0.1,
                              reduction: str = "mean") -> torch.Tensor:
     """Eq. 4: cross-entropy of z_i . v^c / tau over the L prototypes, target y_i."""
@@ -121,6 +124,7 @@ def dala_adjustment(prior: torch.Tensor, class_loss: torch.Tensor, q: float = 0.
     return torch.log(prior / (class_loss.clamp_min(0.0) ** q + eps))
 
 
+@full_precision
 def class_loss_sums(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the cross-entropy of the samples of each class, number of samples of each class); the
     code sums each class's per-sample losses at once (``val.py::compute_loss_of_classes``)."""
@@ -284,7 +288,7 @@ class FedIIC(ModelAveraging):
         keys = (client.index,) if self.params["difficulty_augment"] == "fixed" else (rnd, client.index)
         logits, labels = [], []
         with fixed_randomness(self.ctx.seed, "augment", "fediic-difficulty", *keys):
-            for out, batch in outputs_over(self.family, self.server, client.train, self.ctx.train, self.device):
+            for out, batch in outputs_over(self.family, self.server, client.train, self.ctx.train, self.compute):
                 logits.append(out.logits)
                 labels.append(batch["y"])
         if not logits:

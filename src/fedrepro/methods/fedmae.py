@@ -22,6 +22,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..models.vlp import require_vlp
 from ..registry import register_method
@@ -44,6 +45,7 @@ def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
     return torch.einsum("bchpwq->bhwpqc", x).reshape(b, (h // p) * (w // p), p * p * c)
 
 
+@full_precision
 def reconstruction_loss(prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
                         norm_pix: bool = True) -> torch.Tensor:
     """MSE on the removed patches (``mask`` 1), per-patch-normalised targets if ``norm_pix``."""

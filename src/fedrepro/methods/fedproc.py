@@ -28,12 +28,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..models.families import cross_entropy_over
 from ..registry import register_method
 from .imbalance import fixed_randomness, outputs_over, projector_of, split_payload
 
 
+@full_precision
 def prototype_contrastive(r: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, known: torch.Tensor,
                           tau: float) -> torch.Tensor:
     """L_GPC with cosine similarities; prototypes of classes no client has (``known`` False) are masked out."""
@@ -127,7 +129,7 @@ class FedProc(ModelAveraging):
         num = self.fed.num_classes
         sums, counts = None, torch.zeros(num, device=self.device)
         with fixed_randomness(self.ctx.seed, "augment", "fedproc-prototypes", client.index):
-            for out, batch in outputs_over(self.family, self.work, client.train, self.ctx.train, self.device):
+            for out, batch in outputs_over(self.family, self.work, client.train, self.ctx.train, self.compute):
                 r = self.family.project(self.work, out)
                 if sums is None:
                     sums = torch.zeros(num, r.shape[1], device=self.device)

@@ -24,10 +24,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..device import fp32, full_precision
 from ..fl.method import ModelAveraging
 from ..registry import register_method
 
 
+@full_precision
 def feature_distance(features: torch.Tensor, prototypes: torch.Tensor, kind: str) -> torch.Tensor:
     """Mean (mse) or sum (squared_l2) of squared differences over the last dimension (broadcasting:
     B x D vs B x D gives B paired distances, B x 1 x D vs 1 x K x D gives B x K)."""
@@ -98,8 +100,8 @@ class FedProto(ModelAveraging):
         super().setup()
         self.global_protos: torch.Tensor | None = None
         self.present: torch.Tensor | None = None
-        for name, state in self.separate_client_builds().items():
-            self.private[name] = {"model": state, "optimizer": None}
+        for name, state in self.separate_client_builds():
+            self.private[name] = state
 
     def shared_keys(self) -> list[str]:
         return []            # every client keeps its whole model
@@ -126,7 +128,7 @@ class FedProto(ModelAveraging):
         features, y = out.features, batch["y"]
         if self.sums is None:
             self.sums = torch.zeros(self.fed.num_classes, features.shape[1], device=features.device)
-        self.sums.index_add_(0, y, features.detach())
+        self.sums.index_add_(0, y, fp32(features.detach()))
         self.counts.index_add_(0, y, torch.ones_like(y, dtype=self.counts.dtype))
         if self.round_protos is not None:
             loss = loss + self.params["lambda"] * prototype_regulariser(features, y, self.round_protos, self.round_present,

@@ -18,11 +18,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..registry import register_method
 from .imbalance import class_counts
 
 
+@full_precision
 def restricted_scores(scores: torch.Tensor, present: torch.Tensor, alpha: float) -> torch.Tensor:
     """Scale the columns of classes the client lacks (``present`` False) by ``alpha``."""
     scale = torch.where(present.to(scores.device), torch.ones((), device=scores.device),

@@ -58,7 +58,7 @@ FEDU_PARAMS = {
 class FedU(BYOLBaseline):
     def setup(self) -> None:
         super().setup()
-        self.predictors: dict[str, dict] = {}     # client -> its predictor after its last round
+        self.predictors = self.client_states("predictors")   # client -> its predictor after its last round
         self.kept: dict[str, bool] = {}
 
     def load_client_model(self, client, message):
@@ -76,9 +76,14 @@ class FedU(BYOLBaseline):
         self.predictors[client.name] = {k: v.detach().cpu().clone() for k, v in self.work.state_dict().items()
                                         if k.startswith(PREDICTOR)}
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["per_client"]["predictors"] = self.state_bytes({k for k in self.server.state_dict() if k.startswith(PREDICTOR)})
+        return layout
+
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "predictors": self.predictors}
+        return {**super().state_dict(), "predictors": self.predictors.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.predictors = state["predictors"]
+        self.predictors.load_state_dict(state["predictors"])

@@ -25,12 +25,14 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..data.loader import batches, to_device
+from ..data.loader import batches
+from ..device import full_precision
 from ..registry import register_method
 from ..seeding import torch_generator
 from .selfsup import ImageSelfSupervised, augment, nt_xent, relational_loss, two_views
 
 
+@full_precision
 def fedx_losses(z: torch.Tensor, p: torch.Tensor, g: torch.Tensor, n: int, temperature: float,
                 student_temperature: float, teacher_temperature: float) -> dict[str, torch.Tensor]:
     """FedX's four terms from the local embeddings ``z``, predictions ``p`` and global embeddings
@@ -120,10 +122,15 @@ class FedX(ImageSelfSupervised):
         self.global_model.eval()
         self.anchor_stream = self.random_batches(client, rnd)
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 1                 # the frozen global model
+        return layout
+
     def local_loss(self, model, batch, client, rnd):
         out = self.family.forward(model, batch)
         v1, v2 = two_views(batch["x"])
-        xr = augment(to_device(next(self.anchor_stream), self.device)["x"])
+        xr = augment(self.to_device(next(self.anchor_stream))["x"])
         images = torch.cat([v1, v2, xr])
         z = self.family.image_embedding(model, images)
         with torch.no_grad():

@@ -44,6 +44,12 @@ class GlobalAnchor(ModelAveraging):
             self.previous_start = {k: state[k].detach().cpu().clone() for k in self.shared}
         super().aggregate(updates, rnd)
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        if self.params["anchor"] == "previous_round":
+            layout["host_extra"] += self.state_bytes(set(self.shared))
+        return layout
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "previous_start": self.previous_start}
 

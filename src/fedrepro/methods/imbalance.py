@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.loader import batches, to_device
+from ..data.loader import batches
+from ..device import Compute, fp32, full_precision
 from ..fl.evaluation import dataset_labels
 from ..models.families import Output
 from ..seeding import kept_rng_state, seed_global
@@ -34,6 +35,7 @@ def class_prior(counts: torch.Tensor) -> torch.Tensor:
     return counts / counts.sum().clamp_min(1e-12)
 
 
+@full_precision
 def logit_adjusted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, adjustment: torch.Tensor) -> torch.Tensor:
     """CE(softmax(z + a), y): every class score is shifted by a per-class ``adjustment`` a_c
     (a_c = -inf removes class c from the softmax)."""
@@ -50,19 +52,23 @@ def fixed_randomness(seed: int, purpose: str, *keys):
 
 
 @torch.no_grad()
-def outputs_over(family, model: nn.Module, dataset, train: dict, device,
+def outputs_over(family, model: nn.Module, dataset, train: dict, compute: Compute,
                  batch_size: int | None = None) -> Iterator[tuple[Output, dict]]:
     """(output, batch) for every batch of ``dataset`` in order (batches of ``batch_size``, default
-    the eval batch size), with the model in eval mode. Of a multi-view batch only the first view is used."""
+    the eval batch size), with the model in eval mode. Of a multi-view batch only the first view is used.
+    The forward pass runs in ``compute``'s precision; logits and features come out in fp32."""
     was_training = model.training
     model.eval()
     try:
         for batch in batches(dataset, batch_size or train["eval_batch_size"], shuffle=False,
                              num_workers=train.get("num_workers", 0)):
-            batch = to_device(batch, device)
             if batch["x"].dim() == 5:
                 batch = {**batch, "x": batch["x"][:, 0]}
-            yield family.forward(model, batch), batch
+            batch = compute.batch(batch)
+            with compute.autocast():
+                out = family.forward(model, batch)
+            yield Output(logits=fp32(out.logits), features=fp32(out.features),
+                         objective=[(fp32(s), t) for s, t in out.objective], extra=out.extra), batch
     finally:
         model.train(was_training)
 

@@ -26,10 +26,12 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from ..device import full_precision
 from ..registry import register_method
 from .global_anchor import GlobalAnchor
 
 
+@full_precision
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
     pos = F.cosine_similarity(z, z_glob, dim=-1) / tau
     neg = F.cosine_similarity(z, z_prev, dim=-1) / tau
@@ -69,7 +71,7 @@ class MOON(GlobalAnchor):
         super().setup()
         self.global_model = copy.deepcopy(self.work).eval().requires_grad_(False)
         self.previous_model = copy.deepcopy(self.work).eval().requires_grad_(False) if self.keeps_previous() else None
-        self.previous_states: dict[str, dict] = {}   # client -> its model at the end of its last round
+        self.previous_states = self.client_states("previous")   # client -> its model at the end of its last round
 
     def keeps_previous(self) -> bool:
         return self.params["previous"] == "last_local"
@@ -96,9 +98,16 @@ class MOON(GlobalAnchor):
             z_prev = self.family.forward(self.previous_model, batch).features if self.keeps_previous() else out.features.detach()
         return loss + self.params["mu"] * model_contrastive_loss(out.features, z_glob, z_prev, self.params["tau"]), out
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 2 if self.keeps_previous() else 1          # the global (and previous) model
+        if self.keeps_previous():
+            layout["per_client"]["previous"] = self.state_bytes()
+        return layout
+
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "previous": self.previous_states}
+        return {**super().state_dict(), "previous": self.previous_states.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.previous_states = state["previous"]
+        self.previous_states.load_state_dict(state["previous"])

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.loader import to_device
+from ..device import backward_step, fp32, full_precision
 from ..fl.local import local_batches, make_optimizer
 from ..fl.method import ClientUpdate, ModelAveraging, _cpu, weighted_average
 from ..metrics import macro_f1
@@ -76,6 +76,7 @@ def mitigation_factors(counts: torch.Tensor, beta: float) -> torch.Tensor:
     return torch.where(n[:, None] > n[None, :], ratio, torch.ones_like(ratio)).float()
 
 
+@full_precision
 def cpa_loss(logits: torch.Tensor, targets: torch.Tensor, global_counts: torch.Tensor, beta: float,
              class_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """Mean over the batch of -w_y log(e^{z_y} / (e^{z_y} + sum_{j != y} s_{yj} e^{z_j} + eps) + eps),
@@ -98,6 +99,7 @@ def prototype_weights(local: torch.Tensor, global_: torch.Tensor, tau: float) ->
     return (1.0 + tau) / (cos + tau)
 
 
+@full_precision
 def distillation(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """KL(softmax(teacher) || softmax(student)), batch mean; the teacher is not trained by it."""
     return F.kl_div(F.log_softmax(student_logits, dim=1), F.softmax(teacher_logits.detach(), dim=1), reduction="batchmean")
@@ -274,8 +276,9 @@ class PRRImb(ModelAveraging):
         self.roles = parameter_roles(self.server)
         self.counts = {c.name: class_counts(c.train, self.fed.num_classes) for c in self.fed.clients}
         self.global_counts = torch.stack(list(self.counts.values())).sum(0)
-        self.clients_state = {c.name: {"personal": initial, "deputy": initial, "stage": 0, "prototype": None}
-                              for c in self.fed.clients}
+        self.clients_state = self.client_states("clients")    # client -> personal and deputy models, stage, prototypes
+        for c in self.fed.clients:
+            self.clients_state[c.name] = {"personal": initial, "deputy": initial, "stage": 0, "prototype": None}
         self.global_prototypes: torch.Tensor | None = None
 
     # ---- client ------------------------------------------------------------------------
@@ -289,27 +292,25 @@ class PRRImb(ModelAveraging):
         weight = self.class_weights(st, rnd)
         opt_p = make_optimizer(personal.parameters(), train["optimizer"])
         opt_d = make_optimizer(deputy.parameters(), train["optimizer"])
+        scaler = self.compute.scaler()
         personal.train()
         deputy.train()
         num = self.fed.num_classes
         proto_sum, proto_count, losses = None, torch.zeros(num, device=self.device), []
         for batch in local_batches(client.train, train, self.ctx.seed, rnd, client.index):
-            batch = to_device(batch, self.device)
+            batch = self.to_device(batch)
             y = batch["y"]
-            out_p, out_d = self.family.forward(personal, batch), self.family.forward(deputy, batch)
-            loss_p = cpa_loss(out_p.logits, y, self.global_counts, p["beta"], weight)
-            loss_d = cpa_loss(out_d.logits, y, self.global_counts, p["beta"], weight)
-            if stage in (EXCHANGE, SUBLIMATE):
-                loss_p = loss_p + distillation(out_p.logits, out_d.logits)
-            if stage in (RECOVER, EXCHANGE):
-                loss_d = loss_d + distillation(out_d.logits, out_p.logits)
-            opt_p.zero_grad(set_to_none=True)
-            opt_d.zero_grad(set_to_none=True)
-            (loss_p + loss_d).backward()
-            opt_p.step()
-            opt_d.step()
+            with self.autocast():
+                out_p, out_d = self.family.forward(personal, batch), self.family.forward(deputy, batch)
+                loss_p = cpa_loss(out_p.logits, y, self.global_counts, p["beta"], weight)
+                loss_d = cpa_loss(out_d.logits, y, self.global_counts, p["beta"], weight)
+                if stage in (EXCHANGE, SUBLIMATE):
+                    loss_p = loss_p + distillation(out_p.logits, out_d.logits)
+                if stage in (RECOVER, EXCHANGE):
+                    loss_d = loss_d + distillation(out_d.logits, out_p.logits)
+            backward_step(loss_p + loss_d, [opt_p, opt_d], scaler)
             losses.append(loss_p.detach())
-            feats = out_p.features.detach()
+            feats = fp32(out_p.features.detach())
             if proto_sum is None:
                 proto_sum = torch.zeros(num, feats.shape[1], device=self.device)
             proto_sum.index_add_(0, y, feats)
@@ -320,6 +321,7 @@ class PRRImb(ModelAveraging):
             seen = proto_count > 0
             st["prototype"] = torch.where(seen[:, None], means, previous.to(self.device) if previous is not None else means).cpu()
         st["personal"], st["stage"] = _cpu(personal.state_dict()), stage
+        self.clients_state[client.name] = st
         payload = {k: v.detach().clone() for k, v in deputy.state_dict().items()}
         if means is not None:
             payload["prr.prototype"], payload["prr.present"] = means, (proto_count > 0).float()
@@ -346,7 +348,7 @@ class PRRImb(ModelAveraging):
     def train_f1(self, model, client) -> float:
         preds, labels = [], []
         with fixed_randomness(self.ctx.seed, "augment", "prr-f1", client.index):
-            for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.device):
+            for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.compute):
                 preds.append(out.logits.argmax(1).cpu())
                 labels.append(batch["y"].cpu())
         return macro_f1(torch.cat(labels).numpy(), torch.cat(preds).numpy()) if labels else 0.0
@@ -376,7 +378,9 @@ class PRRImb(ModelAveraging):
         self.server.load_state_dict(weighted_average(states, weights))            # the evaluated global model
         band = pfa_band(rnd, self.ctx.train["rounds"], self.params["band_start"])
         for u, state in zip(updates, progressive_fourier_aggregation(states, self.roles, band)):
-            self.clients_state[u.client]["deputy"] = _cpu(state)
+            st = self.clients_state[u.client]
+            st["deputy"] = _cpu(state)
+            self.clients_state[u.client] = st
         if prototypes:
             self.global_prototypes = self.combine_prototypes(torch.stack(prototypes), torch.stack(present), rnd)
 
@@ -400,9 +404,16 @@ class PRRImb(ModelAveraging):
         self.work.load_state_dict(self.clients_state[client.name]["personal"])
         return self.work
 
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 1                 # the deputy
+        layout["per_client"]["clients"] = 2 * self.state_bytes()          # personal and deputy models
+        return layout
+
     def state_dict(self):
-        return {**super().state_dict(), "clients": self.clients_state, "global_prototypes": self.global_prototypes}
+        return {**super().state_dict(), "clients": self.clients_state.state_dict(), "global_prototypes": self.global_prototypes}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.clients_state, self.global_prototypes = state["clients"], state["global_prototypes"]
+        self.clients_state.load_state_dict(state["clients"])
+        self.global_prototypes = state["global_prototypes"]

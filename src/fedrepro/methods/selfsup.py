@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..models.vlp import require_vlp
 
@@ -53,11 +54,13 @@ def augment(x: torch.Tensor, min_scale: float = 0.5) -> torch.Tensor:
     return out
 
 
+@full_precision
 def byol_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """2 - 2 cos(q, z') per sample (target detached), averaged over the batch."""
     return (2 - 2 * F.cosine_similarity(prediction, target.detach(), dim=-1)).mean()
 
 
+@full_precision
 def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
     """SimCLR's NT-Xent: for each of the 2B embeddings, its other view is the positive and the
     remaining 2B - 2 embeddings are negatives."""
@@ -69,6 +72,7 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Ten
     return F.cross_entropy(logits, targets)
 
 
+@full_precision
 def relational_loss(a: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor, temperature: float,
                     target_temperature: float) -> torch.Tensor:
     """FedX's relational loss (its ``js_loss``): with r(x) = cos(x, anchors), the two views' relation
@@ -155,9 +159,9 @@ class BYOLBaseline(ImageSelfSupervised):
     def setup(self) -> None:
         super().setup()
         self.target = copy.deepcopy(self.work).requires_grad_(False)
-        self.targets: dict[str, dict] = {}       # client -> target image-tower state
+        self.targets = self.client_states("targets")     # client -> target image-tower state
         self.divergences: dict[str, float] = {}  # client -> divergence of its last local training
-        self.encoders: dict[str, dict] = {}      # client -> its online encoder's layers after its last round
+        self.encoders = self.client_states("encoders")   # client -> its online encoder's layers after its last round
         self.layers = encoder_layers(self.work)
         self.aliased, self.steps, self.start = False, 0, {}
 
@@ -180,6 +184,14 @@ class BYOLBaseline(ImageSelfSupervised):
         state = self.work.state_dict()
         self.divergences[client.name] = layer_divergence(self.start, state, self.layers)
         self.encoders[client.name] = {k: state[k].detach().cpu().clone() for k in self.layers}
+
+    def memory_layout(self) -> dict:
+        layout = super().memory_layout()
+        layout["device_models"] += 1                 # the target network
+        state = self.server.state_dict()
+        layout["per_client"]["targets"] = self.state_bytes({k for k in state if k.startswith(IMAGE_TOWER)})
+        layout["per_client"]["encoders"] = self.state_bytes(set(encoder_layers(self.server)))
+        return layout
 
     def divergence(self, client, received: dict) -> float:
         """The divergence FedU's and FedEMA's rules use when ``client`` receives the global model:
@@ -207,11 +219,12 @@ class BYOLBaseline(ImageSelfSupervised):
         return loss, out
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "targets": self.targets, "divergences": self.divergences, "encoders": self.encoders}
+        return {**super().state_dict(), "targets": self.targets.state_dict(), "divergences": self.divergences,
+                "encoders": self.encoders.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.targets = state["targets"]
-        self.divergences = state.get("divergences", {})
-        self.encoders = state.get("encoders", {})
+        self.targets.load_state_dict(state["targets"])
+        self.divergences = state["divergences"]
+        self.encoders.load_state_dict(state["encoders"])
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from ..data.loader import batches, to_device
+from ..data.loader import batches
 from ..fl.method import ModelAveraging
 from ..seeding import torch_generator
 from .tuning import require_family
@@ -64,7 +64,7 @@ class DomainAdaptation(ModelAveraging):
 
     def target_stream(self, client_index: int, rnd: int) -> Iterator[dict]:
         for batch in target_stream(self.fed.reference, self.ctx.train, self.ctx.seed, rnd, client_index):
-            yield to_device(batch, self.device)
+            yield self.to_device(batch)
 
     def next_target(self) -> dict:
         return next(self.targets)

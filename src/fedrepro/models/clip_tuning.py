@@ -37,9 +37,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from ..device import full_precision
 from ..registry import register_model
 from .decoding import clip_specs
-from .encoders import ENCODER_SCHEMA, frozen_clip
+from .encoders import ENCODER_SCHEMA, frozen_clip, tokenize
 from .families import ModelFamily, Output, clip_batch_objective, clip_scores
 from .weights import clip_weights
 
@@ -177,15 +178,15 @@ class PromptedClip(nn.Module):
         end = int(tokenizer([""])[0][1])          # the end-of-text token ([EOS] / [SEP]) follows the start token
         if init == "template":
             words = template.replace("{}", "").strip()
-            ids = tokenizer([words])[0]
+            ids = tokenize(tokenizer, [words])[0]
             length = int((ids == end).nonzero()[0])     # [1, length) are the words
             ctx = embed.weight[ids[1:length]].detach().clone()
         else:
             ctx = torch.randn(n_ctx, embed.weight.shape[1]) * 0.02
         self.n_ctx = ctx.shape[0]
         self.ctx = nn.Parameter(ctx)
-        tokens = tokenizer([" ".join(["X"] * self.n_ctx + [name]) for name in class_names])
-        placeholder = tokenizer(["X"])[0][1]
+        tokens = tokenize(tokenizer, [" ".join(["X"] * self.n_ctx + [name]) for name in class_names])
+        placeholder = tokenize(tokenizer, ["X"])[0][1]
         if (tokens[:, 1:1 + self.n_ctx] != placeholder).any() or not (tokens[:, 2 + self.n_ctx:] == end).any(dim=1).all() \
                 or (tokens[:, -1] != 0).any():
             raise ValueError(f"prompts of {self.n_ctx} context tokens + a class name do not fit CLIP's context "
@@ -221,11 +222,14 @@ class OpenClipFamily(ModelFamily):
         self.pristine, self.preprocess, self.tokenizer = frozen_clip(cfg["encoder"])
         from .encoders import prompt_texts
 
-        self.tokens = self.tokenizer(prompt_texts(cfg["encoder"]["prompt"], self.class_names))
+        self.tokens = tokenize(self.tokenizer, prompt_texts(cfg["encoder"]["prompt"], self.class_names))
 
     def to(self, device):
         self.tokens = self.tokens.to(device)
         return self
+
+    def frozen_modules(self):
+        return {"pretrained CLIP (kept on the host, copied for every build)": (self.pristine, "host")}
 
     def fresh_clip(self) -> nn.Module:
         """A trainable copy of the pretrained CLIP (the cached one stays frozen and untouched)."""
@@ -246,11 +250,7 @@ class OpenClipFamily(ModelFamily):
 
     def forward(self, model: nn.Module, batch: dict) -> Output:
         image, text = self.embed(model, batch)
-        scale = self.scale(model)
-        image_n, text_n = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
-        labels = batch["y"]
-        objective = clip_batch_objective(image_n, labels, text_n, scale) if labels.min() >= 0 else []
-        return Output(logits=scale * image_n @ text_n.t(), features=image, objective=objective)
+        return clip_output(image, text, self.scale(model), batch["y"])
 
     def class_scores(self, model: nn.Module, batch: dict) -> torch.Tensor:
         """``eval_logit_scale`` x cos(image, class prompt) (default: the training scale). The authors' test
@@ -359,6 +359,15 @@ class ClipPromptFamily(OpenClipFamily):
     def build(self) -> nn.Module:
         template = self.cfg["encoder"]["prompt"]
         return PromptedClip(self.fresh_clip(), self.tokenizer, self.class_names, self.cfg["n_ctx"], self.cfg["init"], template)
+
+
+@full_precision
+def clip_output(image: torch.Tensor, text: torch.Tensor, scale, labels: torch.Tensor) -> Output:
+    """The scaled cosine logits and the B x B contrastive objective of image and class-prompt features,
+    in fp32 (under mixed precision the towers run in 16 bits, the scores and the loss do not)."""
+    image_n, text_n = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
+    objective = clip_batch_objective(image_n, labels, text_n, scale) if labels.min() >= 0 else []
+    return Output(logits=scale * image_n @ text_n.t(), features=image, objective=objective)
 
 
 def trainable_keys(model: nn.Module) -> list[str]:

@@ -19,6 +19,7 @@ Weights that ship inside a Python package are named ``package:<module>`` (:func:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 
@@ -139,9 +140,24 @@ def shallow_config(open_clip, name: str) -> dict:
 
 
 _FROZEN: dict[tuple, tuple] = {}
+_BUILD_DEVICE = ["cpu"]
 
 
-def frozen_clip(encoder: dict, device: str = "cpu"):
+@contextlib.contextmanager
+def on_meta():
+    """Build models on the meta device (shapes only, nothing allocated; fedrepro.fl.memory): frozen CLIP
+    encoders are built there too, under their own cache key, instead of being loaded on the CPU."""
+    import torch
+
+    _BUILD_DEVICE.append("meta")
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        _BUILD_DEVICE.pop()
+
+
+def frozen_clip(encoder: dict, device: str | None = None):
     """-> (open_clip model with requires_grad off, its preprocess, tokenizer), loaded once per process.
 
     A random-init model (``pretrained: none``, tests and demo) is built under the same fixed seed as the
@@ -151,6 +167,7 @@ def frozen_clip(encoder: dict, device: str = "cpu"):
     from ..seeding import kept_rng_state, seed_global
     from .depth import current_limit
 
+    device = device or _BUILD_DEVICE[-1]
     key = (encoder["name"], encoder["pretrained"], device, current_limit())
     if key not in _FROZEN:
         with kept_rng_state():
@@ -277,6 +294,14 @@ def _create_timm(name: str, num_classes: int, pretrained: bool | str = False, **
     return model
 
 
+def tokenize(tokenizer, texts: list[str]):
+    """Token ids on the CPU, also while models are built on the meta device (:func:`on_meta`)."""
+    import torch
+
+    with torch.device("cpu"):
+        return tokenizer(texts)
+
+
 def prompt_texts(template: str, class_names: list[str]) -> list[str]:
     return [template.format(name) for name in class_names]
 
@@ -286,4 +311,5 @@ def encode_prompts(model, tokenizer, template: str, class_names: list[str], devi
     import torch
 
     with torch.no_grad():
-        return model.encode_text(tokenizer(prompt_texts(template, class_names)).to(device)).float().cpu()
+        features = model.encode_text(tokenize(tokenizer, prompt_texts(template, class_names)).to(device)).float()
+    return features if features.is_meta else features.cpu()

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import fp32, full_precision
 from ..registry import register_model
 from . import encoders
 from .decoding import classifier_specs, clip_specs
@@ -34,7 +35,8 @@ class Output:
 
 
 def cross_entropy_over(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    return sum(F.cross_entropy(scores, targets) for scores, targets in pairs) / len(pairs)
+    """Mean cross-entropy of (scores, targets) pairs, on fp32 scores (mixed precision: 16-bit logits are cast up)."""
+    return sum(F.cross_entropy(fp32(scores), targets) for scores, targets in pairs) / len(pairs)
 
 
 class ModelFamily:
@@ -71,6 +73,11 @@ class ModelFamily:
         """Move tensors the family holds (e.g. frozen text features) to ``device``."""
         return self
 
+    def frozen_modules(self) -> dict[str, tuple[nn.Module, str]]:
+        """Networks the family holds besides the trained model, for the memory estimate: name ->
+        (module, "host" or "device")."""
+        return {}
+
 
 def build_family(cfg: dict, class_names: list[str], extras: dict) -> ModelFamily:
     """The model family registered as ``cfg["family"]``, configured by ``cfg`` (a resolved ``train.model``)."""
@@ -82,6 +89,7 @@ def build_family(cfg: dict, class_names: list[str], extras: dict) -> ModelFamily
 # --------------------------------------------------------------------------------------------
 # CLIP on cached image features
 
+@full_precision
 def clip_scores(image_features: torch.Tensor, text_features: torch.Tensor, scale: float) -> torch.Tensor:
     """``scale`` x cosine similarity, rows = images, columns = texts."""
     return scale * F.normalize(image_features, dim=-1) @ F.normalize(text_features, dim=-1).t()
@@ -163,12 +171,16 @@ class ClipOnImages:
 
         encoder = cfg["encoder"]
         self.encoder, self.preprocess, tokenizer = encoders.frozen_clip(encoder)
-        text = encode_prompts(self.encoder, tokenizer, encoder["prompt"], class_names, "cpu")
+        device = next(self.encoder.parameters()).device     # the CPU (or meta: fedrepro.fl.memory)
+        text = encode_prompts(self.encoder, tokenizer, encoder["prompt"], class_names, device)
         super().__init__(cfg, class_names, {**extras, "text_features": text})
 
     def to(self, device):
         self.encoder = self.encoder.to(device)
         return super().to(device)
+
+    def frozen_modules(self):
+        return {"frozen CLIP": (self.encoder, "device")}
 
     @torch.no_grad()
     def image_features(self, batch: dict) -> torch.Tensor:

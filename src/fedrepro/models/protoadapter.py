@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import full_precision
 from ..registry import register_model
 from . import encoders
 from .decoding import adapter_protonet_specs
@@ -76,6 +77,7 @@ class BottleneckAdapter(nn.Module):
         return h + self.up(F.relu(self.down(h)))
 
 
+@full_precision
 def prototype_distances(z: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
     """Squared L2 distance between every k x k patch of ``z`` (B x P x H x W) and every prototype
     (m x P x k x k): ||z||^2 - 2 z.p + ||p||^2 with convolutions -> B x m x (H-k+1) x (W-k+1), >= 0."""
@@ -85,6 +87,7 @@ def prototype_distances(z: torch.Tensor, prototypes: torch.Tensor) -> torch.Tens
     return F.relu(patch_sq - 2 * cross + proto_sq)
 
 
+@full_precision
 def distance_to_similarity(distances: torch.Tensor, activation: str) -> torch.Tensor:
     if activation == "linear":
         return -distances

@@ -38,16 +38,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..device import full_precision
+
 # masked entries get a large finite negative score rather than -inf: a fully masked row then stays
 # finite (uniform) instead of producing NaN gradients
 MASKED = -1.0e4
 
 
+@full_precision
 def similarity_logits(u: torch.Tensor, w: torch.Tensor, temperature: float) -> torch.Tensor:
     """cos(u_i, w_j) / τ for every image i (rows) and text j (columns)."""
     return F.normalize(u, dim=-1) @ F.normalize(w, dim=-1).t() / temperature
 
 
+@full_precision
 def info_nce(u: torch.Tensor, w: torch.Tensor, temperature: float) -> torch.Tensor:
     """ConVIRT/CLIP image-text InfoNCE, the two directions summed: CE(UWᵀ/τ, I) + CE(WUᵀ/τ, I)."""
     logits = similarity_logits(u, w, temperature)
@@ -58,6 +62,7 @@ def info_nce(u: torch.Tensor, w: torch.Tensor, temperature: float) -> torch.Tens
 # --------------------------------------------------------------------------------------------
 # GLoRIA: word-region contrast
 
+@full_precision
 def gloria_scores(words: torch.Tensor, word_mask: torch.Tensor, regions: torch.Tensor,
                   gamma1: float = 4.0, gamma2: float = 5.0, aggregation: str = "code") -> torch.Tensor:
     """Z[k, l]: how well report k's words are explained by image l's regions (B_text x B_image).
@@ -79,6 +84,7 @@ def gloria_scores(words: torch.Tensor, word_mask: torch.Tensor, regions: torch.T
     return z if aggregation == "code" else z / gamma2
 
 
+@full_precision
 def gloria_local_loss(words: torch.Tensor, word_mask: torch.Tensor, regions: torch.Tensor,
                       gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
                       aggregation: str = "code") -> torch.Tensor:
@@ -91,6 +97,7 @@ def gloria_local_loss(words: torch.Tensor, word_mask: torch.Tensor, regions: tor
 # --------------------------------------------------------------------------------------------
 # MGCA: token alignment and prototype alignment
 
+@full_precision
 def cross_attention(queries: torch.Tensor, keys: torch.Tensor, temperature: float,
                     key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """MGCA's parameter-free cross-modal attention: softmax_j(q_i·k_j / τ) over the keys (``key_mask``
@@ -114,6 +121,7 @@ def token_importance(attention: torch.Tensor, mask: torch.Tensor, low: float = 0
     return out / out.sum(dim=1, keepdim=True).clamp_min(1e-12)
 
 
+@full_precision
 def token_alignment_loss(tokens: torch.Tensor, summaries: torch.Tensor, mask: torch.Tensor,
                          weights: torch.Tensor, temperature: float) -> torch.Tensor:
     """MGCA's cross-modal token alignment for one modality (L_word or L_patch).
@@ -149,6 +157,7 @@ def sinkhorn(scores: torch.Tensor, eps: float = 0.05, iterations: int = 3) -> to
     return (q * b).t()
 
 
+@full_precision
 def prototype_alignment_loss(u: torch.Tensor, w: torch.Tensor, prototypes: torch.Tensor, temperature: float = 0.2,
                              eps: float = 0.05, iterations: int = 3) -> torch.Tensor:
     """MGCA's cross-modal prototype alignment: each modality predicts the other's Sinkhorn codes.
