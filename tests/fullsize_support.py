@@ -30,7 +30,6 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
-import resource
 import shutil
 import time
 import traceback
@@ -267,7 +266,7 @@ def _measure(run: dict, depth: int | None, threads: int) -> dict:
     return {
         "peak_gpu_gb": gpu,
         "seconds": seconds,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,   # KiB on Linux
+        "peak_rss_gb": train.peak_rss() / 2**30,         # since the job started (train_run resets the count)
         "params_total": int(total),
         "params_trained": int(trained),
         "params_communicated": float(summary["comm"]["params_per_client_round"]),

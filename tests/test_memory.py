@@ -27,13 +27,14 @@ from fedrepro.fl.memory import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 RESNET = textwrap.dedent("""
-    import json, resource, sys, torch
+    import json, sys, torch
     sys.path.insert(0, "tests")
     torch.set_num_threads(1)
     from parity.harness import image_federation, drive
     fed = image_federation(size=64, classes=4, sizes=(24, 24, 24), val=4, test=4, global_test=8)
     drive(json.loads(sys.argv[1]), fed, sys.argv[2])
-    print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    from fedrepro.train import peak_rss
+    print(json.dumps({"peak": peak_rss()}))   # VmHWM: ru_maxrss would report the (larger) pytest parent's peak
 """)
 
 SETTINGS = {

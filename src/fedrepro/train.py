@@ -166,8 +166,27 @@ def save_predictions(path: Path, predictions: dict, chosen: str) -> None:
             np.savez_compressed(fh, **arrays)
 
 
+def reset_peak_rss() -> None:
+    """Start the peak-memory count at this process's current size. A job forked from a larger process
+    (the fork-server, a test) or exec'd from one would otherwise report its parent's peak:
+    ``getrusage``'s ru_maxrss survives fork and exec. Linux only; elsewhere a no-op."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
 def peak_rss() -> int:
-    """This process's peak resident memory so far (bytes), next to the estimate in the manifest."""
+    """This process's peak resident memory (bytes) since :func:`reset_peak_rss`, next to the estimate in
+    the manifest (``VmHWM``; ru_maxrss where /proc is not there)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -185,6 +204,7 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     log = log or logging.getLogger("fedrepro.train")
     out_dir, checkpoint_dir = Path(out_dir), Path(checkpoint_dir)
     started = time.time()
+    reset_peak_rss()
     determinism = configure_determinism(run["deterministic"])
     if run.get("threads"):
         torch.set_num_threads(run["threads"])

@@ -78,7 +78,7 @@ def discriminator_accuracy(method, fed, joint: bool) -> float:
     accuracies = []
     for client in fed.clients:
         d = copy.deepcopy(method.server.discriminator)
-        d.load_state_dict({k.removeprefix("discriminator."): v for k, v in method.private[client.name]["model"].items()
+        d.load_state_dict({k.removeprefix("discriminator."): v for k, v in method.private[client.name].items()
                            if k.startswith("discriminator.")})
         with torch.no_grad():
             s, t = F.normalize(fam(client.test.features), dim=1), F.normalize(fam(fed.reference.features), dim=1)

