@@ -26,7 +26,7 @@ resolved config:
 Nothing here is measured on a GPU unless the throughput table was: the device column of the table is
 printed with the result. A family the table lacks stops the script with its name.
 
-    python benchmarks/gpu_hours.py --throughput benchmarks/throughput_cpu.csv
+    python benchmarks/gpu_hours.py --throughput my_cpu.csv          # written by train_step.py --out my_cpu.csv
     python benchmarks/gpu_hours.py --throughput my_gpu.csv --device "H100" --decode-img-s 110
 
 The last line reads ``grid: <N> runs, <X> device-hours ours vs <Y> the authors' way (<r>x)``.

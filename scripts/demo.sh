@@ -22,6 +22,7 @@ fi
 snakemake --cores "${CORES:-2}" --configfile=config/demo.yaml all "$@"
 snakemake --cores 1 --configfile=config/demo.yaml --report results/report.html
 echo
+echo "Learning bar: $(grep -m1 'clear the bar' results/evidence/index.md | tr -d '*') (results/evidence/index.html)"
 echo "Scorecards: results/scorecards/<paper>.html (did each published number reproduce?)"
 echo "Tables:  results/tables/<protocol>/<paper>/<table>.{md,csv,tex}"
 echo "Figures: results/figures/<protocol>/<paper>/<figure>.{png,pdf}"

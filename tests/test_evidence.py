@@ -67,14 +67,14 @@ def test_scores_use_the_task_and_the_clients_own_models(project):
 def test_an_exempt_method_is_reported_not_failed_and_named_in_captions(project):
     from fedrepro.report.tables import bar_exemptions, table_item
 
-    project.papers["feddra"]["methods"]["fedmae"]["bar_exemption"] = "its image encoder starts at random"
-    fill(project, low={("fedmae", s) for s in project.seeds})
+    project.papers["feddra"]["methods"]["centralized"]["bar_exemption"] = "its image encoder starts at random"
+    fill(project, low={("centralized", s) for s in project.seeds})
     scores = evidence.score_runs(project)
     assert evidence.failures(scores).empty
-    fedmae = scores[scores["method"] == "fedmae"]
-    assert (~fedmae["passed"]).all() and (fedmae["exempt"] != "").all()
+    exempt = scores[scores["method"] == "centralized"]
+    assert (~exempt["passed"]).all() and (exempt["exempt"] != "").all()
     caption = bar_exemptions(table_item(project, "clean", "feddra", "table2"))
-    assert caption == ["FedMAE (ConVIRT) is not expected to clear the learning bar: its image encoder starts at random."]
+    assert caption == ["Centralized (ConVIRT) is not expected to clear the learning bar: its image encoder starts at random."]
 
 
 def test_the_page_draws_every_paper_and_the_check_names_failing_runs(project, tmp_path, root):
@@ -82,7 +82,7 @@ def test_the_page_draws_every_paper_and_the_check_names_failing_runs(project, tm
 
     for folder in ("workflow", "config"):               # the CLI reads the schemas and paper files from its cwd
         (tmp_path / folder).symlink_to(root / folder)
-    fill(project, low={("fedprox", 2)})
+    fill(project, low={("fedproto", 2)})
     scores = evidence.write_page(project, "results/evidence")
     page = (tmp_path / "results/evidence/index.md").read_text()
     assert "## fedadapterproto" in page and "## feddra" in page and "2/3" in page
@@ -92,6 +92,6 @@ def test_the_page_draws_every_paper_and_the_check_names_failing_runs(project, tm
     assert len(pd.read_csv(tmp_path / "results/evidence/bar.csv")) == len(scores)
     with pytest.raises(SystemExit) as refused:
         cli.main(["evidence", "--config-json", json.dumps(project.config), "--check"])
-    assert "1 run(s) below the learning bar" in str(refused.value) and "fedprox" in str(refused.value)
+    assert "1 run(s) below the learning bar" in str(refused.value) and "fedproto" in str(refused.value)
     fill(project)
     cli.main(["evidence", "--config-json", json.dumps(project.config), "--check"])     # all clear: no exit

@@ -156,7 +156,7 @@ def on_features(wildcards) -> bool:
     return run_config(wildcards)["input"] == "features"
 
 
-IMAGE_RUN_THREADS = 8
+IMAGE_RUN_THREADS = PROJECT.config["image_run_threads"]
 FALLBACK_MEMORY = {"mem_mb": 32000, "gpu_mem_mb": 0}   # when a run's model cannot be estimated
 
 

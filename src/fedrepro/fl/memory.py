@@ -133,10 +133,11 @@ def meta_model_config(model: dict) -> dict:
 
 
 def feature_dim(encoder: dict) -> int:
-    """The embedding width of an open_clip encoder, from its config (no weights)."""
+    """The embedding width of an open_clip encoder or a composite CLIP, from its config (no weights)."""
+    from ..models import composite
     from ..models.encoders import _open_clip
 
-    config = _open_clip().get_model_config(encoder["name"])
+    config = composite.config(encoder["name"]) or _open_clip().get_model_config(encoder["name"])
     if not config:
         raise ValueError(f"open_clip has no config {encoder['name']!r}")
     return int(config["embed_dim"])

@@ -175,7 +175,7 @@ class PromptedClip(nn.Module):
         super().__init__()
         self.clip = clip.requires_grad_(False)
         embed = TextTower.of(clip).embedding
-        end = int(tokenizer([""])[0][1])          # the end-of-text token ([EOS] / [SEP]) follows the start token
+        end = int(tokenize(tokenizer, [""])[0][1])          # the end-of-text token ([EOS] / [SEP]) follows the start token
         if init == "template":
             words = template.replace("{}", "").strip()
             ids = tokenize(tokenizer, [words])[0]

@@ -19,8 +19,8 @@ The image tower's BatchNorm layers keep their pretrained statistics, in training
 - ``aligned``: the towers as above, plus projections and temperature fitted once with the CLIP loss,
   both towers frozen, on held-out image-caption pairs (a miniature CLIP pre-training; :func:`align`):
   for ``fedrepro-lite0-minilm``, 2,000 Fashion-MNIST training images that no demo dataset contains
-  (the demo sets use at most the first 400 images of each class; these are images 1,000-1,199 of each
-  class), each captioned by a template and its class name. Zero-shot transfer is then meaningful on
+  (images 1,000-1,199 of each class; the demo sets take theirs from rows below 400 and, for
+  ``demo_scanners``, from 1,500 on), each captioned by a template and its class name. Zero-shot transfer is then meaningful on
   the original domain and degrades on the demo's shifted domains (inverted, rotated, edges), which is
   what the domain-adaptation methods are for. The fit takes seconds; its result is a weights resource
   (``composite--<name>--aligned``, with a SHA-256 manifest) built by the ``weights`` step before any

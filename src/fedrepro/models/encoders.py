@@ -262,6 +262,8 @@ def encode_prompts(model, tokenizer, template: str, class_names: list[str], devi
     """Frozen text features of every class prompt (C x D, float32, on the CPU)."""
     import torch
 
+    if next(model.parameters()).is_meta:       # a memory estimate: the shape only (Hugging Face towers cannot run on meta)
+        width = getattr(model.visual, "output_dim", None) or model.text.output_dim
+        return torch.empty(len(class_names), width, device="meta")
     with torch.no_grad():
-        features = model.encode_text(tokenize(tokenizer, prompt_texts(template, class_names)).to(device)).float()
-    return features if features.is_meta else features.cpu()
+        return model.encode_text(tokenize(tokenizer, prompt_texts(template, class_names)).to(device)).float().cpu()

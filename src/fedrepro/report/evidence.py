@@ -66,8 +66,10 @@ def score_run(project: Project, key: RunKey) -> dict:
     row = {"paper": key.paper, "protocol": key.protocol, "setting": key.setting, "method": key.method, "seed": key.seed}
     if task_of(project, key) == "retrieval":
         pool = project.run_config(key)["train"]["model"]["retrieval"]["pool"]
-        clients = [v for k, v in evals.items() if re.fullmatch(r"client\d+", k) and v.get("n")]
-        random = float(np.mean([1.0 / min(pool, c["n"]) for c in clients])) if clients else math.nan
+        # a client's pair count: from its own row, or (one model per client) its own model on its own pairs
+        sizes = [evals[k].get("n") or evals.get(f"{k}@{k}", {}).get("n") for k in evals if re.fullmatch(r"client\d+", k)]
+        sizes = [n for n in sizes if n]
+        random = float(np.mean([1.0 / min(pool, n) for n in sizes])) if sizes else math.nan
         value = evals.get("clients_mean", {}).get("recall@1", math.nan)
         row.update(task="retrieval", metric="recall@1 (clients_mean)", value=value, chance=random,
                    threshold=spec.get("recall_times_random", 3.0) * random)
@@ -165,8 +167,11 @@ def markdown(summary: pd.DataFrame, project: Project) -> str:
     for paper, rows in summary.groupby("paper", sort=False):
         lines += [f"## {paper}", "", f"![{paper}]({paper}.png)", "",
                   "| protocol | setting | method | metric | ours | bar | seeds passed | exempt because |", "|---|---|---|---|---|---|---|---|"]
+        labels = {m: project.papers[paper]["methods"][m].get("label", m) for m in rows["method"]}
         for r in rows.to_dict("records"):
-            label = project.papers[paper]["methods"][r["method"]].get("label", r["method"])
+            label = labels[r["method"]]
+            if list(labels.values()).count(label) > 1:      # two variants share a table label (e.g. image-path twins)
+                label = f"{label} (`{r['method']}`)"
             ci = f" ± {100 * r['ci95']:.1f}" if not math.isnan(r["ci95"]) else ""
             lines.append(f"| {r['protocol']} | {r['setting']} | {label} | {r['metric']} | {100 * r['mean']:.1f}{ci} | "
                          f"{100 * r['bar']:.1f} | {r['seeds passed']} | {r['exempt']} |")
