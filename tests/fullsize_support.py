@@ -238,10 +238,12 @@ def _measure(run: dict, depth: int | None, threads: int) -> dict:
     def capturing(name):
         cls = original(name)
 
-        def make(ctx):
-            captured["method"] = cls(ctx)
-            return captured["method"]
-        return make
+        class Captured(cls):          # the job's own method class; only remembers its instance
+            def __init__(self, ctx):
+                super().__init__(ctx)
+                captured["method"] = self
+        Captured.__name__ = Captured.__qualname__ = cls.__name__
+        return Captured
 
     started = time.perf_counter()
     with depth_limit(depth):

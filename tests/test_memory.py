@@ -154,7 +154,9 @@ def test_the_training_job_refuses_before_it_starts(tmp_path, monkeypatch, caplog
     train_run(run, "out", "ckpt")
     manifest = json.loads((tmp_path / "out/run_manifest.json").read_text())
     assert manifest["execution"]["memory_estimate"]["host_bytes"] > 200 * MiB
-    assert manifest["execution"]["peak_rss_bytes"] <= manifest["execution"]["memory_estimate"]["host_bytes"]
+    # the manifest records the job's peak; that the estimate bounds it is checked in a fresh process above
+    # (here the job shares pytest's process, whose size depends on the tests that ran before)
+    assert isinstance(manifest["execution"]["peak_rss_bytes"], int) and manifest["execution"]["peak_rss_bytes"] > 0
 
 
 def test_cli_prints_the_estimate():
