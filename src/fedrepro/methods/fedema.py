@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..registry import register_method
 from .fedu import PREDICTOR
-from .selfsup import BYOLBaseline
+from .selfsup import BYOL_PARAMS, BYOLBaseline
 
 
 def divergence_aware_mu(divergence: float, scale: float) -> float:
@@ -46,17 +46,7 @@ FEDEMA_PARAMS = {
         "default": 0.7,
         "description": "autoscaler target (FedEMA's tau = 0.7)",
     },
-    "divergence": {
-        "description": "code = the mean, over the online image encoder's weight matrices, of the L2 distance "
-                       "they moved in the client's last local training (the code); paper = ||W_global - W_k||_2"
-                       " between the global online encoder the client now receives and its own after its last "
-                       "round, over the same layers",
-        "enum": ["code", "paper"],
-        "default": "code",
-    },
-    "byol_weight": {"type": "number", "minimum": 0, "default": 1.0},
-    "target_momentum": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.99},
-    "predictor_hidden": {"type": "integer", "minimum": 1, "default": 512},
+    **BYOL_PARAMS,
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import register_method
-from .global_anchor import GlobalAnchor
+from .global_anchor import GLOBAL_ANCHOR_PARAMS, GlobalAnchor
 
 NORM_EPS = 1e-10   # inside the square root of the non-squared norm, as the authors' code starts its sum
 
@@ -38,19 +38,7 @@ FEDPROX_PARAMS = {
         "type": "boolean",
         "default": True,
     },
-    "anchor": {
-        "description": "the global model the regulariser looks at: round_start = the one this round started "
-                       "from; previous_round = the one the previous round started from (FAA-CLIP's code)",
-        "enum": ["round_start", "previous_round"],
-        "default": "round_start",
-    },
-    "warmup_updates": {
-        "description": "the first n client updates of the run go without the regulariser (FACMIC/FAA-CLIP code:"
-                       " 1, gated by args.step > 0)",
-        "type": "integer",
-        "minimum": 0,
-        "default": 0,
-    },
+    **GLOBAL_ANCHOR_PARAMS,
 }
 
 

@@ -21,7 +21,7 @@ encoder the client now receives and its own after its last round, as FedU's pape
 from __future__ import annotations
 
 from ..registry import register_method
-from .selfsup import BYOLBaseline
+from .selfsup import BYOL_PARAMS, BYOLBaseline
 
 PREDICTOR = ("predictor.",)
 
@@ -40,17 +40,7 @@ FEDU_PARAMS = {
         "minimum": 0,
         "default": 0.4,
     },
-    "divergence": {
-        "description": "code = the mean, over the online image encoder's weight matrices, of the L2 distance "
-                       "they moved in the client's last local training (the code); paper = ||W_global - W_k||_2"
-                       " between the global online encoder the client now receives and its own after its last "
-                       "round, over the same layers",
-        "enum": ["code", "paper"],
-        "default": "code",
-    },
-    "byol_weight": {"type": "number", "minimum": 0, "default": 1.0},
-    "target_momentum": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.99},
-    "predictor_hidden": {"type": "integer", "minimum": 1, "default": 512},
+    **BYOL_PARAMS,
 }
 
 

@@ -19,6 +19,23 @@ import torch
 from ..fl.federation import ClientData
 from ..fl.method import ModelAveraging
 
+# the params GlobalAnchor reads; FedProx and MOON include them in their own schemas
+GLOBAL_ANCHOR_PARAMS = {
+    "anchor": {
+        "description": "the global model the regulariser looks at: round_start = the one this round started "
+                       "from; previous_round = the one the previous round started from (FAA-CLIP's code)",
+        "enum": ["round_start", "previous_round"],
+        "default": "round_start",
+    },
+    "warmup_updates": {
+        "description": "the first n client updates of the run go without the regulariser (FACMIC/FAA-CLIP code:"
+                       " 1, gated by args.step > 0)",
+        "type": "integer",
+        "minimum": 0,
+        "default": 0,
+    },
+}
+
 
 class GlobalAnchor(ModelAveraging):
     def setup(self) -> None:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..device import full_precision
 from ..registry import register_method
-from .global_anchor import GlobalAnchor
+from .global_anchor import GLOBAL_ANCHOR_PARAMS, GlobalAnchor
 
 
 @full_precision
@@ -49,19 +49,7 @@ MOON_PARAMS = {
         "enum": ["last_local", "current"],
         "default": "last_local",
     },
-    "anchor": {
-        "description": "the global model the regulariser looks at: round_start = the one this round started "
-                       "from; previous_round = the one the previous round started from (FAA-CLIP's code)",
-        "enum": ["round_start", "previous_round"],
-        "default": "round_start",
-    },
-    "warmup_updates": {
-        "description": "the first n client updates of the run go without the regulariser (FACMIC/FAA-CLIP code:"
-                       " 1, gated by args.step > 0)",
-        "type": "integer",
-        "minimum": 0,
-        "default": 0,
-    },
+    **GLOBAL_ANCHOR_PARAMS,
 }
 
 

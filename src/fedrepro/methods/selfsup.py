@@ -149,6 +149,22 @@ class ImageSelfSupervised(ModelAveraging):
         return model
 
 
+# the params BYOLBaseline reads; FedEMA and FedU include them in their own schemas
+BYOL_PARAMS = {
+    "divergence": {
+        "description": "code = the mean, over the online image encoder's weight matrices, of the L2 distance "
+                       "they moved in the client's last local training (the code); paper = ||W_global - W_k||_2"
+                       " between the global online encoder the client now receives and its own after its last "
+                       "round, over the same layers",
+        "enum": ["code", "paper"],
+        "default": "code",
+    },
+    "byol_weight": {"type": "number", "minimum": 0, "default": 1.0},
+    "target_momentum": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.99},
+    "predictor_hidden": {"type": "integer", "minimum": 1, "default": 512},
+}
+
+
 class BYOLBaseline(ImageSelfSupervised):
     """BYOL on the image tower + the backbone objective. Each client keeps its own target tower (never
     communicated): in its first round the target is the online tower itself; afterwards the target
