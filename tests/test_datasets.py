@@ -243,7 +243,7 @@ def make_hyperkvasir(raw: Path) -> Path:
     return root
 
 
-def test_hyperkvasir_findings_from_the_tree(tmp_path):
+def test_hyperkvasir_findings_from_the_tree(tmp_path, caplog):
     root = make_hyperkvasir(tmp_path)
     m = prepare("hyperkvasir", tmp_path)
     assert len(dataset("hyperkvasir").classes) == 23
@@ -251,10 +251,12 @@ def test_hyperkvasir_findings_from_the_tree(tmp_path):
                                                         "ulcerative-colitis-grade-2-3": 1, "z-line": 1}
     row = m[m["class_name"] == "z-line"].iloc[0]
     assert (row["label"], row["organ"], row["category"]) == (22, "upper-gi-tract", "anatomical-landmarks")
-    # the label table disagrees with the tree (an image lost in unpacking): the finding is named
+    # the label table disagrees with the tree (an image lost in unpacking, or a finding spelled otherwise):
+    # the labels still come from the folders, and the finding is named in a warning
     next((root / "lower-gi-tract/anatomical-landmarks/cecum").glob("*.jpg")).unlink()
-    with pytest.raises(ManifestError, match=r"'cecum': \(2, 1\)"):
-        prepare("hyperkvasir", tmp_path)
+    with caplog.at_level(logging.WARNING):
+        m = prepare("hyperkvasir", tmp_path)
+    assert m.groupby("class_name").size()["cecum"] == 1 and "'cecum': (2, 1)" in caplog.text
 
 
 def test_bt_preparer_on_the_real_demo_mris(tmp_path):
@@ -405,7 +407,7 @@ def test_missing_kaggle_token_gives_placement_instructions(tmp_path):
         download.download_dataset(spec, tmp_path, env=kaggle_env(tmp_path))
     text = str(err.value)
     assert "no Kaggle API token" in text and "kaggle.json" in text
-    assert f"['skin-cancer9-classesisic.zip'] into {tmp_path / 'sc9/downloads'}" in text
+    assert f"put skin-cancer9-classesisic.zip into {tmp_path / 'sc9/downloads'}/" in text
     assert "**/Train" in text  # what a manual placement must contain
     # ... and a placement by hand is then accepted without any token
     make_sc9(tmp_path)
@@ -480,7 +482,7 @@ def test_dataverse_published_checksum_mismatch(server, tmp_path):
 
 def test_manual_source_and_placement_by_hand(tmp_path):
     spec = dataset("modern_office31")
-    with pytest.raises(ManualStepRequired, match=r"no stable direct link; download it from https://gitlab.com/tringwald/adaptiope"):
+    with pytest.raises(ManualStepRequired, match=r"no stable direct link(.|\n)*from: https://gitlab.com/tringwald/adaptiope"):
         download.download_dataset(spec, tmp_path)
     for domain in ("amazon", "dslr", "synthetic", "webcam"):
         jpeg(tmp_path / "modern_office31/Modern-Office-31" / domain / "mug" / "frame_0001.jpg")

@@ -614,11 +614,13 @@ def test_covidx_and_retina_preparers(tmp_path):
     (cov / "test").mkdir()
     (cov / "train.txt").write_text("1 a.png normal cohen\n2 b.png COVID-19 actmed\n")
     (cov / "test.txt").write_text("3 c.png pneumonia rsna\n")
+    for image in ("train/a.png", "train/b.png", "test/c.png"):
+        (cov / image).write_bytes(b"")
     frame = prepare_dataset(dataset("covidx"), raw)
     assert frame.set_index("path")["class_name"].to_dict() == {
         "covidx/train/a.png": "normal", "covidx/train/b.png": "covid19", "covidx/test/c.png": "pneumonia"}
     (cov / "test.txt").write_text("3 c.png positive rsna\n")
-    with pytest.raises(ManifestError, match="3-class release"):
+    with pytest.raises(ManifestError, match="3-class COVIDx9A labels"):
         prepare_dataset(dataset("covidx"), raw)
 
     (raw / "messidor" / "Base11").mkdir(parents=True)

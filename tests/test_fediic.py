@@ -432,7 +432,8 @@ def test_real_set_from_ph2_derm7pt_ham_and_isic(tmp_path):
     (root / "PH2_dataset.txt").write_text(PH2_TXT)
     for name in ("IMD003", "IMD009", "IMD058"):
         _image(root / "PH2 Dataset images" / name / f"{name}_Dermoscopic_Image" / f"{name}.bmp")
-    ph2 = prepare_dataset(dataset("ph2"), raw)
+    three = type(dataset("ph2"))(**{**dataset("ph2").__dict__, "options": {"composition": dict.fromkeys(skin.PH2_CLASSES, 1)}})
+    ph2 = prepare_dataset(three, raw)  # the real table's composition (80/80/40) is checked in tests/test_real_layouts.py
     assert dict(zip(ph2["path"].str.extract(r"(IMD\d+)\.bmp")[0], ph2["class_name"])) == \
         {"IMD003": "common_nevus", "IMD009": "atypical_nevus", "IMD058": "melanoma"}
     meta = raw / "derm7pt" / "release_v0" / "meta"

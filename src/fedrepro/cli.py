@@ -20,7 +20,14 @@ def cmd_download(args) -> None:
     from .data import download
     from .registry import dataset
 
-    download.download_dataset(dataset(args.dataset), Path(args.raw_dir))
+    spec = dataset(args.dataset)
+    if args.check:  # report on the placed tree, change nothing
+        complete, lines = download.check_dataset(spec, Path(args.raw_dir))
+        print("\n".join(f"{spec.name}: {line}" for line in lines))
+        if not complete:
+            raise SystemExit(f"{spec.name} is not complete under {Path(args.raw_dir) / spec.name} (see above)")
+        return
+    download.download_dataset(spec, Path(args.raw_dir))
 
 
 def cmd_prepare(args) -> None:
@@ -248,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("download", help="fetch and verify a dataset's raw files")
     p.add_argument("dataset")
     p.add_argument("--raw-dir", default="resources/raw")
+    p.add_argument("--check", action="store_true",
+                   help="verify a placed tree (archives' digests, every source's files) without changing anything")
     p.set_defaults(fn=cmd_download)
 
     p = sub.add_parser("prepare", help="raw layout -> manifest CSV (decodes every image once)")

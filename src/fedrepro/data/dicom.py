@@ -5,7 +5,8 @@ It parses the Part-10 file format (preamble, ``DICM``, explicit-VR file meta gro
 in explicit or implicit VR little endian, skipping sequences, and returns the pixel data either as
 the JPEG stream of an encapsulated (JPEG baseline) image — written to disk as-is, no re-encoding —
 or as a native 8/16-bit array, with the rescale (slope, intercept) and the file's own display window
-(center, width) that CT windowing needs. Big-endian and other compressed transfer syntaxes are refused with a
+(center, width) that CT windowing needs, and BitsStored / PixelRepresentation (some CT slices store
+12-bit values whose rescale is off; :mod:`fedrepro.data.datasets.head_ct` corrects them). Big-endian and other compressed transfer syntaxes are refused with a
 clear error (convert such files with pydicom/dcmtk and place PNGs instead).
 """
 
@@ -24,7 +25,8 @@ LONG_VRS = {b"OB", b"OW", b"OF", b"SQ", b"UT", b"UN", b"UC", b"UR", b"OD", b"OL"
 UNDEFINED = 0xFFFFFFFF
 ITEM, ITEM_END, SEQ_END = (0xFFFE, 0xE000), (0xFFFE, 0xE00D), (0xFFFE, 0xE0DD)
 WANTED = {(0x0028, 0x0002): "samples", (0x0028, 0x0004): "photometric", (0x0028, 0x0010): "rows",
-          (0x0028, 0x0011): "columns", (0x0028, 0x0100): "bits", (0x0028, 0x0103): "signed",
+          (0x0028, 0x0011): "columns", (0x0028, 0x0100): "bits", (0x0028, 0x0101): "bits_stored",
+          (0x0028, 0x0103): "signed",
           (0x0028, 0x1050): "center", (0x0028, 0x1051): "width", (0x0028, 0x1052): "intercept",
           (0x0028, 0x1053): "slope"}
 TEXT_TAGS = {(0x0028, 0x0004)}
@@ -48,6 +50,8 @@ class DicomImage:
     slope: float = 1.0             # stored value -> modality value (Hounsfield units for CT)
     intercept: float = 0.0
     window: tuple[float, float] | None = None   # the file's (center, width), when it has one
+    bits_stored: int | None = None  # BitsStored (0028,0101): the significant bits of each stored value
+    signed: bool = False            # PixelRepresentation (0028,0103) = 1
 
 
 def _decode(tag: tuple[int, int], raw: bytes):
@@ -158,7 +162,8 @@ def read_dicom(path: str | Path) -> DicomImage:
         array = np.frombuffer(pixels, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
     window = (info["center"], info["width"]) if "center" in info and "width" in info else None
     return DicomImage(syntax, rows, columns, info.get("photometric", "MONOCHROME2"), array, jpeg,
-                      info.get("slope", 1.0), info.get("intercept", 0.0), window)
+                      info.get("slope", 1.0), info.get("intercept", 0.0), window,
+                      info.get("bits_stored"), bool(info.get("signed", 0)))
 
 
 def to_8bit(image: DicomImage) -> np.ndarray:

@@ -1,15 +1,33 @@
 """Fetch a dataset's sources into ``resources/raw/<dataset>/`` and verify them.
 
-- Resumable: a partial download lives in ``<file>.part`` and continues with an HTTP Range request.
+- Complete or not at all: every :class:`~fedrepro.data.spec.Source` says which files it provides
+  (:func:`source_files`); ``.complete`` is written only when the files of every source are there,
+  a source placed by hand never stands in for another, and a marker whose files have gone missing
+  since is dropped on the next run.
+- Resumable: a partial download lives in ``<file>.part`` and continues with an HTTP Range request
+  (with ``If-Range``, so a file that changed on the server starts over). Kaggle's API answers with a
+  redirect to its storage, PhysioNet serves its files directly; both honour Range, so Kaggle and
+  PhysioNet downloads resume like any other.
+- Unpacked once: an archive is unpacked member by member, each written whole (temporary file, then
+  renamed) and skipped when a file of its size is already in place, so a rerun after an interrupted or
+  misplaced unpack writes only what is missing; a fully unpacked archive is marked
+  (``downloads/<archive>.unpacked``) and never touched again. An archive's own top folder
+  (``Source.top``) is stripped. Before unpacking, the free disk space is checked against what the
+  archive still has to write.
 - Verified: every archive is checked against its pinned SHA-256 (or, for unpinned Kaggle archives,
   against the digest recorded on first use in ``SHA256SUMS``); a mismatch is an error naming the file.
+  A digest, once computed, is kept with the file's size and modification time
+  (``downloads/.verified.json``), so a 180 GB archive is not hashed again on every run.
 - Dataverse files (Harvard Dataverse, ...) are found by name in the dataset's file listing
   (Native API) and also checked against the checksum the server publishes for them.
 - Credentials (Kaggle token, PhysioNet login) are read from their standard places or the
   environment, passed only to the HTTP client, and never logged or written anywhere.
 - Missing credentials, unaccepted licences, by-request datasets, archives only linked from a
   landing page, and servers that answer with a web page instead of the archive end in
-  :class:`ManualStepRequired`, whose message says exactly what to do and where to place files by hand.
+  :class:`ManualStepRequired` (after every source that can be fetched has been), whose message names
+  the files, where they come from, where to place them and the command to run next.
+- :func:`check_dataset` (``fedrepro download <dataset> --check``) reports on a placed tree without
+  changing anything.
 """
 
 from __future__ import annotations
@@ -26,13 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from ..io import sha256_file, write_text
+from ..io import read_json, sha256_file, write_json, write_text
 from .spec import DatasetSpec, Source
 
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = ".complete"
 CHECKSUM_FILE = "SHA256SUMS"
+VERIFIED_CACHE = ".verified.json"
+UNPACKED_SUFFIX = ".unpacked"
 KAGGLE_API = "https://www.kaggle.com/api/v1"
 
 
@@ -51,7 +71,16 @@ class ChecksumMismatch(DownloadError):
 
 
 class ManualStepRequired(DownloadError):
-    """Something only the user can do: get credentials, accept a licence, place files by hand."""
+    """Something only the user can do: get credentials, accept a licence, place files by hand.
+    ``steps``: (reason, what to do) of each source concerned."""
+
+    def __init__(self, message: str, steps: list[tuple[str, str]] = ()):
+        super().__init__(message)
+        self.steps = list(steps)
+
+
+class NotEnoughSpace(DownloadError):
+    """The disk cannot hold what a download or an unpack would write."""
 
 
 @dataclass
@@ -94,31 +123,74 @@ def physionet_credentials(env: dict | None = None, home: Path | None = None) -> 
 
 
 # --------------------------------------------------------------------------------------------
+# disk space
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the disk that holds ``path`` (its nearest existing parent)."""
+    path = Path(path)
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def size_text(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def require_space(needed: int, where: Path, what: str) -> None:
+    free = free_bytes(where)
+    if needed > free:
+        raise NotEnoughSpace(
+            f"{what} needs {size_text(needed)} ({needed:,} bytes) on the disk of {where}, which has "
+            f"{size_text(free)} ({free:,} bytes) free. Free space there, or move resources/raw to a larger "
+            f"disk (--raw-dir), then run again: what is already downloaded or unpacked is kept.")
+
+
+# --------------------------------------------------------------------------------------------
 # HTTP with resume
 
 def http_download(url: str, dest: Path, auth: Credentials | None = None, chunk: int = 1 << 20,
                   session=None, progress: bool = True) -> Path:
-    """Download ``url`` to ``dest``, continuing a previous partial download in ``dest.part``."""
+    """Download ``url`` to ``dest``, continuing a previous partial download in ``dest.part``.
+
+    The validator of the first response (ETag or Last-Modified) is kept in ``dest.part.json`` and
+    sent as ``If-Range``: a server whose file changed since answers with the whole new file."""
     import requests
     from tqdm import tqdm
 
     session = session or requests.Session()
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    validator_file = part.with_name(part.name + ".json")
     offset = part.stat().st_size if part.exists() else 0
-    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    headers = {}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+        validator = read_json(validator_file).get("validator") if validator_file.exists() else None
+        if validator:
+            headers["If-Range"] = validator
     basic = (auth.username, auth.secret) if auth else None
     with session.get(url, headers=headers, auth=basic, stream=True, timeout=60, allow_redirects=True) as resp:
         if resp.status_code in (401, 403):
             raise PermissionError(resp.status_code)
         if resp.status_code == 416:  # the part file is already complete
             part.rename(dest)
+            validator_file.unlink(missing_ok=True)
             return dest
         resp.raise_for_status()
-        if offset and resp.status_code != 206:  # server ignored the range: start over
+        if offset and resp.status_code != 206:  # server ignored the range, or the file changed: start over
             offset = 0
+        validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
+        if validator and not offset:
+            write_json(validator_file, {"url_path": urlsplit(url).path, "validator": validator})
         total = resp.headers.get("Content-Length")
         total = int(total) + offset if total else None
+        if total:
+            require_space(total - offset, dest.parent, f"downloading {dest.name}")
         with open(part, "ab" if offset else "wb") as fh, tqdm(
             total=total, initial=offset, unit="B", unit_scale=True, desc=dest.name, disable=not progress
         ) as bar:
@@ -126,11 +198,12 @@ def http_download(url: str, dest: Path, auth: Credentials | None = None, chunk: 
                 fh.write(block)
                 bar.update(len(block))
     part.rename(dest)
+    validator_file.unlink(missing_ok=True)
     return dest
 
 
 # --------------------------------------------------------------------------------------------
-# verification and extraction
+# verification
 
 def recorded_checksums(dataset_dir: Path) -> dict[str, str]:
     sums = dataset_dir / CHECKSUM_FILE
@@ -144,9 +217,30 @@ def recorded_checksums(dataset_dir: Path) -> dict[str, str]:
     return out
 
 
-def verify_archive(path: Path, source: Source, dataset_dir: Path) -> str:
-    """Check ``path`` against the pinned digest, or the one recorded on first use; record it if new."""
-    actual = sha256_file(path)
+def _stat_key(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def archive_digest(path: Path, remember: bool = True) -> str:
+    """SHA-256 of ``path``; taken from ``downloads/.verified.json`` when the file's size and
+    modification time are those it was hashed with (hashing 180 GB again on every run is not free)."""
+    cache_file = path.parent / VERIFIED_CACHE
+    cache = read_json(cache_file) if cache_file.exists() else {}
+    entry = cache.get(path.name)
+    if entry and {k: entry.get(k) for k in ("size", "mtime_ns")} == _stat_key(path):
+        return entry["sha256"]
+    digest = sha256_file(path)
+    if remember:
+        cache[path.name] = {**_stat_key(path), "sha256": digest}
+        write_json(cache_file, cache)
+    return digest
+
+
+def verify_archive(path: Path, source: Source, dataset_dir: Path, record: bool = True) -> str:
+    """Check ``path`` against the pinned digest, or the one recorded on first use; record it if new
+    (``record=False``: report only, as ``--check`` does)."""
+    actual = archive_digest(path, remember=record)
     if source.sha256:
         if actual != source.sha256:
             raise ChecksumMismatch(path, source.sha256, actual, "pinned in the dataset registry")
@@ -156,34 +250,98 @@ def verify_archive(path: Path, source: Source, dataset_dir: Path) -> str:
         if recorded[path.name] != actual:
             raise ChecksumMismatch(path, recorded[path.name], actual, f"recorded on first use in {dataset_dir / CHECKSUM_FILE}")
         return actual
-    recorded[path.name] = actual
-    write_text(dataset_dir / CHECKSUM_FILE, "".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())))
-    log.warning("%s has no pinned digest; recorded sha256 %s on first use", path.name, actual)
+    if record:
+        recorded[path.name] = actual
+        write_text(dataset_dir / CHECKSUM_FILE, "".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())))
+        log.warning("%s has no pinned digest; recorded sha256 %s on first use", path.name, actual)
     return actual
 
 
-def extract(archive: Path, dest: Path) -> None:
-    """Unpack zip or tar archives, refusing members that would land outside ``dest``."""
-    dest = dest.resolve()
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            for member in zf.namelist():
-                _check_inside(dest, member)
-            zf.extractall(dest)
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as tf:
-            try:
-                tf.extractall(dest, filter="data")  # 'data' rejects absolute paths, links out, devices
-            except tarfile.FilterError as exc:
-                raise DownloadError(f"{archive}: archive member would be written outside {dest} ({exc})") from None
-    else:
-        raise DownloadError(f"{archive} is neither a zip nor a tar archive")
-
+# --------------------------------------------------------------------------------------------
+# unpacking: member by member, resumable, never twice
 
 def _check_inside(root: Path, member: str) -> None:
     target = (root / member).resolve()
     if root != target and root not in target.parents:
         raise DownloadError(f"archive member {member!r} would be written outside {root}")
+
+
+def _strip(name: str, top: str) -> str:
+    """``top/x/y`` -> ``x/y`` (the archive's own top folder); other names stay as they are."""
+    if top and name.strip("/") == top:
+        return ""
+    return name[len(top) + 1:] if top and name.startswith(top + "/") else name
+
+
+def _members(archive: Path, top: str) -> list[tuple[str, int, object]]:
+    """(name after stripping ``top``, size, handle) of every regular file; directories and the top
+    folder itself are left out (they are made as files need them)."""
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            return [(_strip(i.filename, top), i.file_size, i) for i in zf.infolist()
+                    if not i.is_dir() and _strip(i.filename, top)]
+    if tarfile.is_tarfile(archive):
+        with tarfile.open(archive) as tf:
+            return [(_strip(m.name, top), m.size, m) for m in tf.getmembers()
+                    if not m.isdir() and _strip(m.name, top)]
+    raise DownloadError(f"{archive} is neither a zip nor a tar archive")
+
+
+def _write_member(stream, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.unpacking")
+    with open(tmp, "wb") as fh:
+        shutil.copyfileobj(stream, fh, 1 << 20)
+    os.replace(tmp, target)
+
+
+def extract(archive: Path, dest: Path, top: str = "") -> int:
+    """Unpack a zip or tar archive into ``dest``, stripping its top folder ``top``; members already
+    in place with their size are skipped, the others are written whole (temporary file, then renamed).
+    Refuses members that would land outside ``dest`` (before writing anything) and an unpack the disk
+    cannot hold. -> the number of files written."""
+    dest = Path(dest).resolve()
+    members = _members(archive, top)
+    for name, _, _ in members:
+        _check_inside(dest, name)
+    todo = [(name, size, handle) for name, size, handle in members
+            if not ((dest / name).is_file() and (dest / name).stat().st_size == size)]
+    if not todo:
+        return 0
+    require_space(sum(size for _, size, _ in todo), dest, f"unpacking {archive.name} ({len(todo):,} of {len(members):,} files still to write)")
+    dest.mkdir(parents=True, exist_ok=True)
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            for name, _, info in todo:
+                with zf.open(info) as stream:
+                    _write_member(stream, dest / name)
+    else:
+        with tarfile.open(archive) as tf:
+            for name, _, member in todo:
+                try:
+                    safe = tarfile.data_filter(member.replace(name=name), str(dest))
+                except tarfile.FilterError as exc:
+                    raise DownloadError(f"{archive}: archive member would be written outside {dest} ({exc})") from None
+                if safe.isfile():
+                    _write_member(tf.extractfile(member), dest / name)
+                else:  # links inside the folder
+                    tf.extract(safe, dest, filter="data")
+    return len(todo)
+
+
+def unpacked_marker(archive: Path) -> Path:
+    return archive.with_name(archive.name + UNPACKED_SUFFIX)
+
+
+def unpack_once(archive: Path, dest: Path, digest: str, top: str = "") -> None:
+    """Unpack ``archive`` unless it is marked as completely unpacked (with this digest)."""
+    marker = unpacked_marker(archive)
+    if marker.exists() and marker.read_text().strip() == digest:
+        return
+    log.info("unpacking %s", archive.name)
+    written = extract(archive, dest, top)
+    log.info("%s: %d file(s) written", archive.name, written)
+    write_text(marker, digest + "\n")
 
 
 def is_archive(path: Path) -> bool:
@@ -246,72 +404,159 @@ def verify_published_checksum(path: Path, record: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# per-source fetchers
+# what a source provides
 
-def manual_instructions(spec: DatasetSpec, dataset_dir: Path, reason: str) -> str:
-    archives = [s.filename for s in spec.sources if s.filename]
-    lines = [
-        f"dataset {spec.name!r} ({spec.title}) cannot be downloaded automatically: {reason}",
-        f"  homepage: {spec.homepage or '(see the registry entry)'}",
-        "  Either fix the above and run the download again, or place the data by hand:",
-    ]
-    if archives:
-        lines.append(f"  - put the archive(s) {archives} into {dataset_dir / 'downloads'}/ (they are verified and unpacked), or")
-    lines.append(f"  - unpack the data into {dataset_dir}/ so that it reads: {spec.layout}")
-    if spec.expected_files:
-        lines.append(f"    (checked by the presence of {list(spec.expected_files)})")
-    lines.append("  then run the pipeline again.")
+def source_files(spec: DatasetSpec, source: Source) -> tuple[str, ...]:
+    """The paths (relative to the dataset folder; globs allowed, ``a|b`` = either) whose presence
+    shows that ``source`` is in place: its ``provides``; for the only source of a dataset, the
+    dataset's ``expected_files``; for a file that is not unpacked, the file itself (in ``downloads/``
+    or anywhere in the dataset folder)."""
+    if source.provides:
+        return source.provides
+    if len(spec.sources) == 1 and spec.expected_files:
+        return spec.expected_files
+    if source.filename and not source.extract:
+        return (f"**/{source.filename}",)
+    return ()  # declares nothing: its archive, downloaded and unpacked, is the only evidence
+
+
+def _present(dataset_dir: Path, pattern: str, top: str = "") -> bool:
+    """``pattern`` (``a|b``: either) is a path relative to the dataset dir or a glob (``**/Train``); a
+    source's archive top folder ``top`` is accepted above it (unpacked by hand, folder kept)."""
+    for alternative in pattern.split("|"):
+        for candidate in (alternative, f"{top}/{alternative}") if top else (alternative,):
+            if any(c in candidate for c in "*?["):
+                if next(iter(dataset_dir.glob(candidate)), None) is not None:
+                    return True
+            elif (dataset_dir / candidate).exists():
+                return True
+    return False
+
+
+def missing_files(spec: DatasetSpec, source: Source, dataset_dir: Path) -> list[str]:
+    return [p for p in source_files(spec, source) if not _present(dataset_dir, p, source.top)]
+
+
+def placed_by_hand(spec: DatasetSpec, dataset_dir: Path) -> bool:
+    """Every source's files are in the dataset folder (however they got there)."""
+    return all(not missing_files(spec, s, dataset_dir) for s in spec.sources)
+
+
+def _archive(source: Source, dataset_dir: Path) -> Path | None:
+    return dataset_dir / "downloads" / source.filename if source.filename else None
+
+
+def source_done(spec: DatasetSpec, source: Source, dataset_dir: Path) -> bool:
+    """Its files are there, and if its archive is in ``downloads/`` (so it was unpacked here), that
+    archive (still the verified one) was unpacked completely: a partial unpack leaves the folders but
+    not every file."""
+    if missing_files(spec, source, dataset_dir):
+        return False
+    archive = _archive(source, dataset_dir)
+    if archive is None or not archive.exists():
+        return bool(source_files(spec, source))  # placed by hand, if it says what that means
+    digest = verify_archive(archive, source, dataset_dir)  # not hashed again unless the file changed since
+    marker = unpacked_marker(archive)
+    return not source.extract or (marker.exists() and marker.read_text().strip() == digest)
+
+
+# --------------------------------------------------------------------------------------------
+# what to do by hand
+
+def next_command(spec: DatasetSpec, dataset_dir: Path) -> str:
+    return f"fedrepro download {spec.name} --raw-dir {dataset_dir.parent}"
+
+
+def manual_step(spec: DatasetSpec, source: Source, dataset_dir: Path) -> str:
+    """What to do for one source: which files, from where, where to put them."""
+    files = ", ".join(" or ".join(p.split("|")) for p in source_files(spec, source))
+    lines = [f"files: {files}" + (f" (the archive's top folder {source.top}/ may stay or go)" if source.top else ""),
+             f"from: {source.where()}" + (f"; {source.note}" if source.note else "")]
+    if source.filename:
+        what = "it is verified and unpacked" if source.extract else "it is verified"
+        lines.append(f"place: put {source.filename} into {dataset_dir / 'downloads'}/ ({what}), "
+                     f"or put the files themselves under {dataset_dir}/ as listed above")
+    else:
+        lines.append(f"place: under {dataset_dir}/ so that the files above are there")
     return "\n".join(lines)
 
 
+def manual_required(spec: DatasetSpec, dataset_dir: Path, steps: list[tuple[str, str]]) -> ManualStepRequired:
+    """One message for every source that needs a hand: the dataset, each step, the layout, the next command."""
+    others = len(spec.sources) - len(steps)
+    lines = [f"{spec.name} ({spec.title}): {len(steps)} of {len(spec.sources)} source(s) need a step only you can do"
+             + (f" (the other {others} are in place)" if others else "") + ":"]
+    for i, (reason, step) in enumerate(steps, 1):
+        said = [r for r, _ in steps[:i - 1]]
+        lines.append(f"{i}. " + ("the same" if reason in said else reason))
+        lines += [f"   {line}" for line in step.splitlines()]
+    if spec.homepage:
+        lines.append(f"dataset page: {spec.homepage}")
+    lines.append(f"layout of the whole dataset: {spec.layout}")
+    lines.append(f"then run: {next_command(spec, dataset_dir)} (or run Snakemake again)")
+    return ManualStepRequired("\n".join(lines), steps)
+
+
+def _kaggle_token_reason(source: Source) -> str:
+    rules = (f"; this is a competition: also accept its rules at https://www.kaggle.com/competitions/"
+             f"{source.ref.split('/')[0]}/rules with the same account" if source.kind == "kaggle_competition" else "")
+    return ("no Kaggle API token (set KAGGLE_USERNAME and KAGGLE_KEY, or save kaggle.json from "
+            "https://www.kaggle.com/settings -> API -> Create New Token to ~/.kaggle/kaggle.json)" + rules)
+
+
+def _kaggle_url(source: Source) -> str:
+    if source.kind == "kaggle_dataset":
+        version = f"?datasetVersionNumber={source.version}" if source.version else ""
+        return f"{KAGGLE_API}/datasets/download/{source.ref}{version}"
+    competition, _, member = source.ref.partition("/")
+    if member:
+        return f"{KAGGLE_API}/competitions/data/download/{competition}/{member}"
+    return f"{KAGGLE_API}/competitions/data/download-all/{competition}"
+
+
+# --------------------------------------------------------------------------------------------
+# per-source fetchers
+
 def fetch_source(spec: DatasetSpec, source: Source, dataset_dir: Path, env: dict | None = None) -> Path | None:
     """Make the source's archive present and verified under ``dataset_dir/downloads``; returns its path."""
-    downloads = dataset_dir / "downloads"
-    target = downloads / source.filename if source.filename else None
+    target = _archive(source, dataset_dir)
+
+    def manual(reason: str) -> ManualStepRequired:
+        return manual_required(spec, dataset_dir, [(reason, manual_step(spec, source, dataset_dir))])
+
     if target is not None and target.exists():  # downloaded earlier or placed by hand
         verify_archive(target, source, dataset_dir)
         return target
 
     if source.kind == "url":
-        _http_or_manual(spec, source.ref, target, None, dataset_dir, "the download failed")
+        _http_or_manual(spec, source, source.ref, target, None, dataset_dir, "the download failed")
     elif source.kind in ("kaggle_dataset", "kaggle_competition"):
         creds = kaggle_credentials(env)
         if creds is None:
-            rules = (f"; this is a competition: also accept its rules at https://www.kaggle.com/competitions/"
-                     f"{source.ref}/rules with the same account" if source.kind == "kaggle_competition" else "")
-            raise ManualStepRequired(manual_instructions(
-                spec, dataset_dir,
-                "no Kaggle API token (set KAGGLE_USERNAME and KAGGLE_KEY, or save kaggle.json from "
-                "https://www.kaggle.com/settings -> API -> Create New Token to ~/.kaggle/kaggle.json)" + rules))
+            raise manual(_kaggle_token_reason(source))
         if source.kind == "kaggle_dataset":
-            url = f"{KAGGLE_API}/datasets/download/{source.ref}"
             denied = "Kaggle refused the download (check the token; some datasets need their licence accepted on the dataset page)"
         else:
-            url = f"{KAGGLE_API}/competitions/data/download-all/{source.ref}"
-            denied = (f"Kaggle refused the download: accept the competition rules at "
-                      f"https://www.kaggle.com/competitions/{source.ref}/rules with the account of your token")
-        _http_or_manual(spec, url, target, creds, dataset_dir, denied)
+            denied = (f"Kaggle refused the download: accept the competition rules at https://www.kaggle.com/"
+                      f"competitions/{source.ref.split('/')[0]}/rules with the account of your token")
+        _http_or_manual(spec, source, _kaggle_url(source), target, creds, dataset_dir, denied)
     elif source.kind == "physionet":
         creds = physionet_credentials(env)
         if creds is None:
-            raise ManualStepRequired(manual_instructions(
-                spec, dataset_dir,
-                "no PhysioNet login (credentialed access: complete the CITI training and sign the data use "
-                "agreement on the project page, then set PHYSIONET_USERNAME/PHYSIONET_PASSWORD or add a "
-                "'machine physionet.org login <user> password <pass>' line to ~/.netrc)"))
-        url = f"https://physionet.org/files/{source.ref}"
-        _http_or_manual(spec, url, target, creds, dataset_dir,
+            raise manual("no PhysioNet login (credentialed access: complete the CITI training and sign the data use "
+                         "agreement on the project page, then set PHYSIONET_USERNAME/PHYSIONET_PASSWORD or add a "
+                         "'machine physionet.org login <user> password <pass>' line to ~/.netrc)")
+        _http_or_manual(spec, source, f"https://physionet.org/files/{source.ref}", target, creds, dataset_dir,
                         "PhysioNet refused the login: check the account has signed this project's data use agreement")
     elif source.kind == "dataverse":
         try:
             url, record = dataverse_file(source.ref, source.filename)
         except PermissionError:
-            raise ManualStepRequired(manual_instructions(
-                spec, dataset_dir, f"the Dataverse server refused the file listing (accept the dataset's terms at {source.ref})")) from None
+            raise manual(f"the Dataverse server refused the file listing (accept the dataset's terms at {source.ref})") from None
         except OSError as exc:
-            raise DownloadError(f"listing the files of {source.ref} failed ({type(exc).__name__}); run again, or see the "
-                                f"manual instructions:\n{manual_instructions(spec, dataset_dir, 'network error')}") from None
-        _http_or_manual(spec, url, target, None, dataset_dir,
+            raise DownloadError(f"listing the files of {source.ref} failed ({type(exc).__name__}); run again, or place "
+                                f"the file by hand:\n{manual_step(spec, source, dataset_dir)}") from None
+        _http_or_manual(spec, source, url, target, None, dataset_dir,
                         f"the Dataverse server refused the download (accept the dataset's terms at {source.ref})")
         _refuse_web_page(spec, source, target, dataset_dir)
         try:
@@ -320,11 +565,10 @@ def fetch_source(spec: DatasetSpec, source: Source, dataset_dir: Path, env: dict
             target.unlink()  # else the next run would take the bad file as a first use
             raise
     elif source.kind == "request":
-        raise ManualStepRequired(manual_instructions(spec, dataset_dir, f"access is by request ({source.note or spec.homepage})"))
+        raise manual("credentialed access, and no single archive to download: placed by hand" if spec.access == "credentialed"
+                     else "access is by request or registration, so the files are placed by hand")
     elif source.kind == "manual":
-        raise ManualStepRequired(manual_instructions(
-            spec, dataset_dir, f"the archive has no stable direct link; download it from {source.ref}"
-                               + (f" ({source.note})" if source.note else "")))
+        raise manual("the archive has no stable direct link, so it is placed by hand")
     else:
         raise DownloadError(f"source kind {source.kind!r} is materialised by fedrepro.data.demo, not downloaded")
     if source.kind != "dataverse":
@@ -341,68 +585,101 @@ def _refuse_web_page(spec: DatasetSpec, source: Source, target: Path, dataset_di
             head = fh.read(64).lstrip().lower()
         what = "a web page" if head.startswith((b"<!doctype", b"<html")) else "a file that is neither zip nor tar"
         target.unlink()
-        raise ManualStepRequired(manual_instructions(
-            spec, dataset_dir, f"the server sent {what} instead of the archive {source.filename} "
-                               f"(a login, licence-acceptance or download-confirmation page?)"))
+        reason = (f"the server sent {what} instead of the archive {source.filename} "
+                  f"(a login, licence-acceptance or download-confirmation page?)")
+        raise manual_required(spec, dataset_dir, [(reason, manual_step(spec, source, dataset_dir))])
 
 
-def _http_or_manual(spec, url, target, creds, dataset_dir, denied_reason) -> None:
+def _http_or_manual(spec, source, url, target, creds, dataset_dir, denied_reason) -> None:
     try:
         http_download(url, target, auth=creds)
     except PermissionError:
-        raise ManualStepRequired(manual_instructions(spec, dataset_dir, denied_reason)) from None
+        raise manual_required(spec, dataset_dir, [(denied_reason, manual_step(spec, source, dataset_dir))]) from None
     except OSError as exc:  # network down, DNS, connection reset: resumable later
         raise DownloadError(
             f"downloading {spec.name} failed ({type(exc).__name__}); run again to resume from "
-            f"{target}.part, or see the manual instructions:\n{manual_instructions(spec, dataset_dir, 'network error')}"
+            f"{target}.part, or place the file by hand:\n{manual_step(spec, source, dataset_dir)}"
         ) from None
 
 
 # --------------------------------------------------------------------------------------------
-# entry point
-
-def _present(dataset_dir: Path, pattern: str) -> bool:
-    """``pattern`` is a path relative to the dataset dir, or a glob (``**/Train``) for archives
-    whose top-level folder is not fixed."""
-    if any(c in pattern for c in "*?["):
-        return next(iter(dataset_dir.glob(pattern)), None) is not None
-    return (dataset_dir / pattern).exists()
-
-
-def placed_by_hand(spec: DatasetSpec, dataset_dir: Path) -> bool:
-    return bool(spec.expected_files) and all(_present(dataset_dir, f) for f in spec.expected_files)
-
+# entry points
 
 def download_dataset(spec: DatasetSpec, raw_root: Path, env: dict | None = None) -> Path:
-    """Fetch, verify and unpack every source; write the completion marker last. Idempotent."""
+    """Fetch, verify and unpack every source; write the completion marker last. Idempotent: a source
+    whose files are in place is skipped; manual steps are collected and raised together after every
+    source that can be fetched has been."""
     from . import demo
 
     dataset_dir = Path(raw_root) / spec.name
     marker = dataset_dir / COMPLETE_MARKER
     if marker.exists():
-        return dataset_dir
+        if spec.materialise or spec.depends_on or placed_by_hand(spec, dataset_dir):
+            return dataset_dir
+        log.warning("%s: %s is there but files are missing; downloading again what is missing", spec.name, marker)
+        marker.unlink()
     dataset_dir.mkdir(parents=True, exist_ok=True)
     if spec.materialise:
         demo.materialise(spec, dataset_dir)
-    elif spec.depends_on:
-        pass  # derived datasets have no files of their own; their preparer reads other manifests
-    else:
+    elif not spec.depends_on:  # derived datasets have no files of their own; their preparer reads other manifests
+        steps = []
         for source in spec.sources:
-            archive_here = bool(source.filename) and (dataset_dir / "downloads" / source.filename).exists()
-            if placed_by_hand(spec, dataset_dir) and not archive_here:
-                # unpacked by hand (no credentials, no internet, a by-request dataset): nothing to fetch
-                log.info("%s: using the files placed by hand in %s", spec.name, dataset_dir)
+            if source_done(spec, source, dataset_dir):
+                log.info("%s: %s is in place", spec.name, source.filename or source.ref)
                 continue
-            archive = fetch_source(spec, source, dataset_dir, env)
+            try:
+                archive = fetch_source(spec, source, dataset_dir, env)
+            except ManualStepRequired as step:
+                steps += step.steps
+                continue
             if archive is not None and source.extract:
-                log.info("unpacking %s", archive.name)
-                extract(archive, dataset_dir)
-        if spec.expected_files and not placed_by_hand(spec, dataset_dir):
-            missing = [f for f in spec.expected_files if not _present(dataset_dir, f)]
-            raise DownloadError(f"{spec.name}: after unpacking, {missing} are missing in {dataset_dir}; "
+                if missing_files(spec, source, dataset_dir):  # files went missing since an unpack: redo what is missing
+                    unpacked_marker(archive).unlink(missing_ok=True)
+                unpack_once(archive, dataset_dir, archive_digest(archive), source.top)
+        if steps:
+            raise manual_required(spec, dataset_dir, steps)
+        missing = {s.filename or s.ref: missing_files(spec, s, dataset_dir) for s in spec.sources}
+        missing = {k: v for k, v in missing.items() if v}
+        if missing:
+            raise DownloadError(f"{spec.name}: after unpacking, files are missing in {dataset_dir}: {missing}; "
                                 f"expected layout: {spec.layout}")
     write_text(marker, "verified\n")
     return dataset_dir
+
+
+def check_dataset(spec: DatasetSpec, raw_root: Path) -> tuple[bool, list[str]]:
+    """Is the dataset in place? -> (complete, report lines), changing nothing: archives are checked
+    against their pinned or recorded digests (none is recorded), each source's files looked for."""
+    dataset_dir = Path(raw_root) / spec.name
+    if spec.depends_on:
+        return True, [f"{spec.name}: derived from {', '.join(spec.depends_on)} (check those)"]
+    if spec.materialise:
+        return (dataset_dir / COMPLETE_MARKER).exists(), [f"{spec.name}: offline demo data, built by `fedrepro download`"]
+    ok, lines = True, []
+    for source in spec.sources:
+        name = source.filename or source.ref
+        archive = _archive(source, dataset_dir)
+        if archive is not None and archive.exists():
+            try:
+                digest = verify_archive(archive, source, dataset_dir, record=False)
+                pinned = source.sha256 or recorded_checksums(dataset_dir).get(archive.name)
+                lines.append(f"{name}: archive {'verified' if pinned else 'present, no digest recorded yet'} "
+                             f"(sha256 {digest[:12]}...)")
+            except ChecksumMismatch as err:
+                ok = False
+                lines.append(f"{name}: {err}")
+            if source.extract and not unpacked_marker(archive).exists():
+                lines.append(f"{name}: not marked as completely unpacked ({next_command(spec, dataset_dir)} finishes it)")
+                ok = False
+        missing = missing_files(spec, source, dataset_dir)
+        if missing:
+            ok = False
+            lines.append(f"{name}: MISSING {missing} under {dataset_dir} (from {source.where()})")
+        else:
+            lines.append(f"{name}: files in place")
+    if ok and not (dataset_dir / COMPLETE_MARKER).exists():
+        lines.append(f"complete but not marked: {next_command(spec, dataset_dir)} marks it")
+    return ok, lines
 
 
 def remove_partial(dataset_dir: Path) -> None:

@@ -52,11 +52,12 @@ def find_folder(base: Path, name: str, spec: DatasetSpec, max_depth: int = 3) ->
     raise missing_folder(base / name, spec)
 
 
-def find_file(base: Path, names: str | tuple[str, ...], spec: DatasetSpec, max_depth: int = 3) -> Path:
+def find_file(base: Path, names: str | tuple[str, ...], spec: DatasetSpec, max_depth: int = 3,
+              search_downloads: bool = True) -> Path:
     """The first of ``names`` found in ``base``, ``base/downloads`` (files that are not unpacked stay
-    there) or at most ``max_depth`` folder levels below ``base``."""
+    there; unless ``search_downloads`` is false) or at most ``max_depth`` folder levels below ``base``."""
     names = (names,) if isinstance(names, str) else names
-    level = [base, base / "downloads"]
+    level = [base, base / "downloads"] if search_downloads else [base]
     for _ in range(max_depth + 1):
         for name in names:
             for folder in sorted(level):

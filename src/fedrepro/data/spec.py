@@ -11,6 +11,10 @@ preparer (a function in :mod:`fedrepro.data.prepare`) that turns that layout int
 Archives whose digest the registry does not pin yet (Kaggle re-zips datasets, so their archives have
 no stable digest) are verified trust-on-first-use: the first download records its digest in
 ``resources/raw/<dataset>/SHA256SUMS`` and every later download or placement must match it.
+
+Each :class:`Source` says what it puts into the dataset folder (``provides``: paths or globs, ``a|b``
+for accepted variants); a dataset is complete only when every source's files are there, and a source
+placed by hand never stands in for another.
 """
 
 from __future__ import annotations
@@ -42,10 +46,31 @@ class Source:
     sha256: str | None = None     # pinned digest, or None for trust-on-first-use
     extract: bool = True          # unpack the archive into resources/raw/<dataset>/
     note: str = ""
+    provides: tuple[str, ...] = ()  # what it puts there (relative paths or globs; "a|b" = either); see source_files
+    top: str = ""                 # the archive's own top folder: stripped when unpacking, accepted when placed by hand
+    version: str = ""             # the pinned version (a Kaggle dataset's version number; PhysioNet's is in ref)
 
     def __post_init__(self):
         if self.kind not in SOURCE_KINDS:
             raise ValueError(f"unknown source kind {self.kind!r}; allowed: {list(SOURCE_KINDS)}")
+
+    def where(self) -> str:
+        """Where the files come from, as a person would go and get them."""
+        if self.kind == "kaggle_dataset":
+            version = f", version {self.version}" if self.version else ""
+            return f"Kaggle dataset {self.ref}{version} (https://www.kaggle.com/datasets/{self.ref})"
+        if self.kind == "kaggle_competition":
+            competition, _, member = self.ref.partition("/")
+            what = f"file {member} of " if member else ""
+            return f"{what}Kaggle competition {competition} (https://www.kaggle.com/competitions/{competition}/data)"
+        ref = self.ref if "://" in self.ref or self.kind == "physionet" else f"https://{self.ref}"
+        if self.kind == "physionet" or "physionet.org/files/" in ref:
+            path = ref.split("physionet.org/files/")[-1]
+            project, version = path.split("/")[:2]
+            return f"PhysioNet project {project} version {version} (https://physionet.org/files/{path})"
+        if self.kind == "dataverse":
+            return f"the Dataverse dataset {self.ref}"
+        return ref
 
 
 @dataclass(frozen=True)

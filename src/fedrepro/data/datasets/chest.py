@@ -5,6 +5,31 @@ Manifests of pre-training data carry a ``caption`` column (the ``vlp`` model fam
 MIMIC-CXR's 32-way label is built from five CheXpert findings as the paper describes (a finding's
 entry not NaN -> 1, so negative and uncertain mentions also count; NaN -> 0); FedDRA's client split
 (``lda``) is drawn over it (docs/papers/feddra.md).
+
+Layout facts, and where they come from:
+- MIMIC-CXR-JPG 2.0.0 (PhysioNet): ``files/p10/p10000032/s50414267/<dicom_id>.jpg`` and the tables
+  ``mimic-cxr-2.0.0-{metadata,split,chexpert}.csv.gz`` at the project root (metadata: ``dicom_id,
+  subject_id, study_id, ..., ViewPosition, ...``; split: ``dicom_id, study_id, subject_id, split`` with
+  train / validate / test; chexpert: ``subject_id, study_id`` and 14 findings as 1.0 / 0.0 / -1.0 /
+  empty): the project page, and MGCA's ``mgca/preprocess/mimic_cxr.py`` and ``constants.py``
+  (HKU-MedAI/MGCA), which FedDRA's code (BioMed-AI-Lab-U-Michgan/TMLR_FedDRA) builds on.
+- The free-text reports come from another project, MIMIC-CXR 2.0.0 (``mimic-cxr-reports.zip``, as
+  FedDRA's README says), one ``s<study_id>.txt`` per study in the same ``files/p../p<subject>/`` tree
+  (MGCA's ``preprocess/utils.py`` reads them from ``<root>/files``). Whether the zip unpacks to
+  ``files/...`` or ``mimic-cxr-reports/files/...`` is not settled: both are read.
+- The image tree (about 570 GB, 377,110 files) has no archive: PhysioNet serves it file by file, so it
+  is placed with ``wget -r`` (the project page's command); the tables and the reports zip download
+  by themselves with PhysioNet credentials.
+- RSNA Pneumonia (Kaggle competition rsna-pneumonia-detection-challenge): ``stage_2_train_labels.csv``
+  (``patientId,x,y,width,height,Target``) and ``stage_2_train_images/<patientId>.dcm``, as MGCA's
+  ``constants.py`` / ``preprocess/rsna.py`` read them; a top folder named after the competition is
+  accepted (not confirmed either way).
+- COVIDx: FedDRA's README says "version 6 of COVIDx dataset in Kaggle" (andyczhao/covidx-cxr2) and its
+  ``constants.py`` (like MGCA's) reads ``train_COVIDx9A.txt`` / ``test_COVIDx9A.txt`` (lines
+  ``<patient id> <filename> <label> <source>``, label normal / pneumonia / COVID-19) with the images in
+  ``train/`` and ``test/``. The same two label files are in lindawangg/COVID-Net, ``labels/``. Later
+  Kaggle versions ship binary ``train.txt`` / ``test.txt`` (positive / negative), which cannot be
+  mapped onto the three classes; the download pins version 6.
 """
 
 from __future__ import annotations
@@ -19,7 +44,7 @@ import pandas as pd
 from ...registry import preparer, register_dataset
 from ...seeding import numpy_rng
 from ..manifest import ManifestError, make_manifest
-from ..prepare import missing_folder
+from ..prepare import find_file, missing_folder
 from ..spec import DatasetSpec, Source
 
 # --------------------------------------------------------------------------------------------
@@ -36,31 +61,40 @@ def finding_class_name(code: int) -> str:
 
 
 MIMIC_CLASSES = tuple(finding_class_name(code) for code in range(2 ** len(FINDINGS)))
-MIMIC_WGET = ("wget -r -N -c -np --user <physionet user> --ask-password "
-              "https://physionet.org/files/mimic-cxr-jpg/2.0.0/files/  (about 570 GB), then move the "
-              "physionet.org/files/mimic-cxr-jpg/2.0.0/files folder to resources/raw/mimic_cxr/files")
+MIMIC_JPG = "mimic-cxr-jpg/2.0.0"
+MIMIC_WGET = (f"the image tree has no archive: wget -r -N -c -np --user <physionet user> --ask-password "
+              f"https://physionet.org/files/{MIMIC_JPG}/files/ (about 570 GB), then move the folder "
+              f"physionet.org/files/{MIMIC_JPG}/files to resources/raw/mimic_cxr/files")
+MIMIC_TABLES = ("mimic-cxr-2.0.0-metadata.csv", "mimic-cxr-2.0.0-split.csv", "mimic-cxr-2.0.0-chexpert.csv")
+MIMIC_REPORT_PARENTS = ("", "mimic-cxr-reports")   # mimic-cxr-reports.zip unpacks to files/... or mimic-cxr-reports/files/...
+
+
+def _mimic_table_source(table: str) -> Source:
+    return Source("physionet", f"{MIMIC_JPG}/{table}.gz", filename=f"{table}.gz", extract=False,
+                  provides=("|".join(f"{folder}{name}" for folder in ("", "downloads/") for name in (f"{table}.gz", table)),),
+                  note="digest: trust-on-first-use")
+
 
 register_dataset(DatasetSpec(
     name="mimic_cxr",
     title="MIMIC-CXR-JPG 2.0.0 images + MIMIC-CXR 2.0.0 free-text reports (Johnson et al. 2019)",
     classes=MIMIC_CLASSES,
     sources=(
-        Source("request", "physionet.org/files/mimic-cxr-jpg/2.0.0/files/", note=MIMIC_WGET),
-        Source("physionet", "mimic-cxr-jpg/2.0.0/mimic-cxr-2.0.0-metadata.csv.gz", filename="mimic-cxr-2.0.0-metadata.csv.gz", extract=False),
-        Source("physionet", "mimic-cxr-jpg/2.0.0/mimic-cxr-2.0.0-split.csv.gz", filename="mimic-cxr-2.0.0-split.csv.gz", extract=False),
-        Source("physionet", "mimic-cxr-jpg/2.0.0/mimic-cxr-2.0.0-chexpert.csv.gz", filename="mimic-cxr-2.0.0-chexpert.csv.gz", extract=False),
-        Source("physionet", "mimic-cxr/2.0.0/mimic-cxr-reports.zip", filename="mimic-cxr-reports.zip"),
+        *(_mimic_table_source(table) for table in MIMIC_TABLES),
+        Source("physionet", "mimic-cxr/2.0.0/mimic-cxr-reports.zip", filename="mimic-cxr-reports.zip",
+               provides=("files/p1*/p*/s*.txt|mimic-cxr-reports/files/p1*/p*/s*.txt",),
+               note="MIMIC-CXR (not -JPG) project, same credentials; digest: trust-on-first-use"),
+        Source("request", f"physionet.org/files/{MIMIC_JPG}/files/", provides=("files/p1*/p*/s*/*.jpg",), note=MIMIC_WGET),
     ),
-    layout="files/p10/p10000032/s50414267/<dicom_id>.jpg (MIMIC-CXR-JPG), files/p10/p10000032/s50414267.txt "
-           "(the reports zip unpacks into the same tree), and mimic-cxr-2.0.0-{metadata,split,chexpert}.csv.gz "
-           "(in the dataset folder or its downloads/)",
+    layout="files/p10/p10000032/s50414267/<dicom_id>.jpg (MIMIC-CXR-JPG), the reports files/p10/p10000032/s50414267.txt "
+           "(mimic-cxr-reports.zip unpacks into the same tree, or into mimic-cxr-reports/files/), and "
+           "mimic-cxr-2.0.0-{metadata,split,chexpert}.csv.gz (in the dataset folder or its downloads/)",
     prepare="mimic_cxr",
     access="credentialed",
     homepage="https://physionet.org/content/mimic-cxr-jpg/2.0.0/",
     citation="doi:10.13026/8360-t248 (MIMIC-CXR-JPG); doi:10.13026/C2JT1Q (MIMIC-CXR)",
     licence="PhysioNet Credentialed Health Data License 1.5.0 (CITI training + data use agreement)",
     used_by=("feddra",),
-    expected_files=("files",),
     options={"views": ("PA", "AP"), "min_tokens": 3},
 ))
 
@@ -104,15 +138,25 @@ def _table(base: Path, stem: str) -> pd.DataFrame:
         for name in (f"{stem}.gz", stem):
             if (folder / name).exists():
                 return pd.read_csv(folder / name)
-    raise FileNotFoundError(f"{stem}(.gz) not found in {base} or {base / 'downloads'}; download it from PhysioNet "
-                            f"(see `fedrepro download`) or place it there by hand")
+    raise FileNotFoundError(f"{stem}(.gz) not found in {base} or {base / 'downloads'}: it downloads with "
+                            f"`fedrepro download mimic_cxr --raw-dir {base.parent}` (PhysioNet credentials), or place "
+                            f"https://physionet.org/files/{MIMIC_JPG}/{stem}.gz there by hand")
+
+
+def _report(base: Path, folder: str, study: int) -> Path | None:
+    for parent in MIMIC_REPORT_PARENTS:
+        path = base / parent / folder / f"s{study}.txt"
+        if path.is_file():
+            return path
+    return None
 
 
 @preparer("mimic_cxr")
 def mimic_cxr(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     """Frontal (PA/AP) images with a report; caption = impression + findings (studies whose caption
     has fewer than ``min_tokens`` tokens are dropped); label = the 32-way findings code; split =
-    MIMIC-CXR-JPG's official split (validate -> val)."""
+    MIMIC-CXR-JPG's official split (validate -> val). A study without a report file is an error
+    naming the missing reports (an unpacked reports zip has one for every study)."""
     base = raw_root / spec.name
     if not (base / "files").is_dir():
         raise missing_folder(base / "files", spec)
@@ -123,13 +167,16 @@ def mimic_cxr(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     frame = meta[["dicom_id", "subject_id", "study_id", "ViewPosition"]].merge(
         split[["dicom_id", "split"]], on="dicom_id").merge(chexpert, on=["subject_id", "study_id"], how="left")
     captions: dict[int, str] = {}
+    no_report: list[str] = []
     rows = []
     for rec in frame.to_dict("records"):
         subject, study = str(int(rec["subject_id"])), int(rec["study_id"])
         folder = f"files/p{subject[:2]}/p{subject}"
         if study not in captions:
-            report = base / folder / f"s{study}.txt"
-            captions[study] = report_caption(report.read_text(errors="replace")) if report.exists() else ""
+            report = _report(base, folder, study)
+            if report is None:
+                no_report.append(f"{folder}/s{study}.txt")
+            captions[study] = report_caption(report.read_text(errors="replace")) if report else ""
         caption = captions[study]
         if len(re.findall(r"[a-z0-9]+", caption)) < spec.options["min_tokens"]:
             continue
@@ -137,6 +184,13 @@ def mimic_cxr(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
         rows.append({"path": f"{spec.name}/{folder}/s{study}/{rec['dicom_id']}.jpg", "class_name": MIMIC_CLASSES[code],
                      "split": {"validate": "val"}.get(rec["split"], rec["split"]), "caption": caption,
                      "subject_id": int(rec["subject_id"]), "study_id": study, "view": rec["ViewPosition"]})
+    if no_report:
+        raise ManifestError(
+            f"{len(no_report)} of {len(captions)} studies have no report in {base} (looked in "
+            f"files/... and mimic-cxr-reports/files/...), e.g. {no_report[:3]}. The reports are "
+            f"mimic-cxr-reports.zip of PhysioNet project mimic-cxr 2.0.0 (https://physionet.org/content/mimic-cxr/2.0.0/): "
+            f"`fedrepro download mimic_cxr --raw-dir {raw_root}` fetches and unpacks it with PhysioNet credentials, or "
+            f"unpack it into {base}/ by hand")
     return make_manifest(rows, spec.classes)
 
 
@@ -148,7 +202,8 @@ register_dataset(DatasetSpec(
     title="RSNA Pneumonia Detection Challenge, stage 2 training set (Shih et al. 2019)",
     classes=("normal", "pneumonia"),
     sources=(Source("kaggle_competition", "rsna-pneumonia-detection-challenge",
-                    filename="rsna-pneumonia-detection-challenge.zip"),),
+                    filename="rsna-pneumonia-detection-challenge.zip", top="rsna-pneumonia-detection-challenge",
+                    note="accept the competition rules on kaggle.com first; digest: trust-on-first-use"),),
     layout="stage_2_train_images/<patientId>.dcm and stage_2_train_labels.csv "
            "(patientId,x,y,width,height,Target: one row per box, Target 0 rows have no box)",
     prepare="rsna_pneumonia",
@@ -183,10 +238,10 @@ def rsna_pneumonia(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     from ..dicom import convert_dicom
 
     base = raw_root / spec.name
-    labels_csv, dicoms = base / "stage_2_train_labels.csv", base / "stage_2_train_images"
-    for required in (labels_csv, dicoms):
-        if not required.exists():
-            raise missing_folder(required, spec)
+    labels_csv = find_file(base, "stage_2_train_labels.csv", spec, max_depth=1, search_downloads=False)
+    dicoms = labels_csv.parent / "stage_2_train_images"
+    if not dicoms.is_dir():
+        raise missing_folder(dicoms, spec)
     table = pd.read_csv(labels_csv)
     rows = []
     for patient, group in table.groupby("patientId", sort=True):
@@ -206,35 +261,45 @@ def rsna_pneumonia(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
 # COVIDx CXR
 
 COVIDX_LABELS = {"normal": "normal", "pneumonia": "pneumonia", "covid-19": "covid19", "covid19": "covid19"}
+COVIDX_KAGGLE, COVIDX_VERSION = "andyczhao/covidx-cxr2", "6"
+COVIDX_LABEL_FILES = {split: (f"{split}_COVIDx9A.txt", f"{split}.txt") for split in ("train", "val", "test")}
+COVIDX_3CLASS_HELP = (f"FedDRA uses the 3-class COVIDx9A labels: version {COVIDX_VERSION} of the Kaggle dataset {COVIDX_KAGGLE} "
+                      f"has train_COVIDx9A.txt and test_COVIDx9A.txt (`fedrepro download covidx` fetches that version), and "
+                      f"the same two files are in https://github.com/lindawangg/COVID-Net/tree/master/labels")
 
 register_dataset(DatasetSpec(
     name="covidx",
-    title="COVIDx CXR (Wang et al. 2020), 3-class release (normal / non-COVID pneumonia / COVID-19)",
+    title="COVIDx CXR (Wang et al. 2020), 3-class release COVIDx9A (normal / non-COVID pneumonia / COVID-19)",
     classes=("normal", "pneumonia", "covid19"),
-    sources=(Source("kaggle_dataset", "andyczhao/covidx-cxr2", filename="covidx-cxr2.zip"),),
-    layout="train/, test/ (and val/) image folders with train.txt, test.txt (val.txt): one line per image "
-           "'<patient id> <filename> <label> <source>', label in normal / pneumonia / COVID-19",
+    sources=(Source("kaggle_dataset", COVIDX_KAGGLE, filename=f"covidx-cxr2-v{COVIDX_VERSION}.zip", version=COVIDX_VERSION,
+                    provides=("train", "test", "train_COVIDx9A.txt|train.txt", "test_COVIDx9A.txt|test.txt"),
+                    note="the version FedDRA used (its README); later versions have binary labels; "
+                         "digest: trust-on-first-use"),),
+    layout="train/ and test/ image folders with train_COVIDx9A.txt and test_COVIDx9A.txt (or train.txt, test.txt, "
+           "val.txt of other releases): one line per image '<patient id> <filename> <label> <source>', label in "
+           "normal / pneumonia / COVID-19",
     prepare="covidx",
     access="account",
-    homepage="https://www.kaggle.com/datasets/andyczhao/covidx-cxr2",
+    homepage=f"https://www.kaggle.com/datasets/{COVIDX_KAGGLE}",
     citation="doi:10.1038/s41598-020-76550-z",
     used_by=("feddra",),
-    expected_files=("train", "test"),
 ))
 
 
 @preparer("covidx")
 def covidx(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     """COVIDx label files -> manifest with the official train/val/test split. FedDRA (following MGCA)
-    uses the 3-class version; the later binary release (positive/negative) cannot be mapped onto it."""
+    uses the 3-class version; the later binary release (positive/negative) cannot be mapped onto it.
+    ``<split>_COVIDx9A.txt`` is read where it exists, else ``<split>.txt``."""
     base = raw_root / spec.name
     rows = []
-    for split in ("train", "val", "test"):
-        listing = base / f"{split}.txt"
-        if not listing.exists():
+    for split, names in COVIDX_LABEL_FILES.items():
+        listing = next((base / n for n in names if (base / n).is_file()), None)
+        if listing is None:
             if split == "val":
                 continue
-            raise missing_folder(listing, spec)
+            raise FileNotFoundError(f"none of {list(names)} in {base}; {COVIDX_3CLASS_HELP}; place them in {base}/")
+        images = base / split if (base / split).is_dir() else base / "train"  # val images live in train/ where there is no val/
         for line_no, line in enumerate(listing.read_text().splitlines(), 1):
             fields = line.split()
             if not fields:
@@ -243,12 +308,14 @@ def covidx(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
                 raise ManifestError(f"{listing}:{line_no}: expected '<patient> <file> <label> [source]', got {line!r}")
             label = fields[2].lower()
             if label in ("positive", "negative"):
-                raise ManifestError(f"{listing}:{line_no}: binary COVIDx label {fields[2]!r}; FedDRA uses the 3-class "
-                                    f"release (labels normal / pneumonia / COVID-19): place its label files instead")
+                raise ManifestError(f"{listing}:{line_no}: binary COVIDx label {fields[2]!r} (COVIDx 8B and later); "
+                                    f"{COVIDX_3CLASS_HELP}; place them in {base}/")
             if label not in COVIDX_LABELS:
                 raise ManifestError(f"{listing}:{line_no}: unknown label {fields[2]!r}; allowed: normal, pneumonia, COVID-19")
-            rows.append({"path": f"{spec.name}/{split}/{fields[1]}", "class_name": COVIDX_LABELS[label], "split": split,
-                         "source": fields[3] if len(fields) > 3 else "", "patient": fields[0]})
+            rows.append({"path": (images / fields[1]).relative_to(raw_root).as_posix(), "class_name": COVIDX_LABELS[label],
+                         "split": split, "source": fields[3] if len(fields) > 3 else "", "patient": fields[0]})
+    absent = [r["path"] for r in rows if not (raw_root / r["path"]).is_file()]
+    if absent:
+        raise ManifestError(f"{len(absent)} of {len(rows)} images named in the COVIDx label files are not in {base}, "
+                            f"e.g. {absent[:3]}: the label files belong to another release than the images")
     return make_manifest(rows, spec.classes)
-
-

@@ -7,6 +7,27 @@ centred circle cropping", berenslab/fundus_circle_cropping) and store a ``crop_s
 ``crop_size`` PNG next to the raw files (``<dataset>/preprocessed_<size>/...``); the manifest points
 at those, and ``original_path`` keeps the raw file. Unreadable raw images keep their raw path, so the
 prepare step's image check reports them (``data.corrupt_images``).
+
+Also FedDRA's retinal data: MESSIDOR and BRSET (pre-training) and mBRSET (downstream).
+
+Layout facts, and where they come from:
+- EyePACS with sites: the metadata columns the authors' ``get_dataset`` reads (berenslab/FedAdapterProto);
+  the table itself is not public (by request).
+- APTOS 2019: ``train.csv`` (``id_code,diagnosis``) and ``train_images/<id_code>.png``, the competition's
+  data page; a top folder named after the competition is accepted (not confirmed either way).
+- MESSIDOR (ADCIS): twelve parts Base11-Base14, Base21-Base24, Base31-Base34, each with its ``.tif``
+  images and ``Annotation_BaseXX.xls`` (columns ``Image name``, ``Ophthalmologic department``,
+  ``Retinopathy grade``, ``Risk of macular edema `` - with a trailing space, as public loaders index
+  it); whether a part unpacks into its own ``BaseXX/`` folder or flat is not confirmed: an annotation
+  file is read wherever it is, its images beside it. The ``.xls`` files are read with xlrd.
+- BRSET 1.0.0 (PhysioNet brazilian-ophthalmological): ``fundus_photos/<image_id>.jpg`` and the label
+  table with ``image_id`` (``img00001``, no extension), ``patient_id``, ..., ``DR_ICDR`` (0-4),
+  ``macular_edema`` (0/1): the header of ``labels.csv`` in luisnakayama/BRSET (the dataset authors'
+  repository, which FedDRA's README names); PhysioNet's copy is ``labels.csv`` or, in later file lists,
+  ``labels_brset.csv``: both are read.
+- mBRSET 1.0 (PhysioNet mbrset): ``images/<file>`` (``file`` like ``985.1.jpg``) and
+  ``labels_mbrset.csv`` with ``file, patient, age, sex, ..., final_icdr (0-4), final_edema (yes/no)``,
+  some rows without a grade: public loaders of the PhysioNet release read these names.
 """
 
 from __future__ import annotations
@@ -20,7 +41,7 @@ from PIL import Image
 
 from ...registry import preparer, register_dataset
 from ..manifest import ManifestError, make_manifest
-from ..prepare import dependency_manifest, missing_folder
+from ..prepare import dependency_manifest, find_file, missing_folder
 from ..spec import DatasetSpec, Source
 
 FUNDUS_CLASSES = ("healthy", "diseased")     # DR grade 0 vs grades 1-4
@@ -54,7 +75,8 @@ register_dataset(DatasetSpec(
     title="APTOS 2019 Blindness Detection (Kaggle competition), labelled training images, binary DR",
     classes=FUNDUS_CLASSES,
     sources=(Source("kaggle_competition", "aptos2019-blindness-detection",
-                    filename="aptos2019-blindness-detection.zip"),),
+                    filename="aptos2019-blindness-detection.zip", top="aptos2019-blindness-detection",
+                    note="accept the competition rules on kaggle.com first; digest: trust-on-first-use"),),
     layout="train.csv (id_code, diagnosis 0-4) and train_images/<id_code>.png (3,662 labelled images; the "
            "paper counts 3,660); test_images/ has no labels and is not used",
     prepare="aptos2019_binary",
@@ -226,10 +248,8 @@ def eyepacs_sites(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
 def aptos2019_binary(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     """APTOS 2019 training images (the only labelled part) as an external test set: grade 0 ->
     healthy, 1-4 -> diseased, ``split`` = test, ``source`` = aptos2019."""
-    base = raw_root / spec.name
-    table_path = base / "train.csv"
-    if not table_path.is_file():
-        raise missing_folder(table_path, spec)
+    table_path = find_file(raw_root / spec.name, "train.csv", spec, max_depth=1, search_downloads=False)
+    base = table_path.parent
     table = pd.read_csv(table_path)
     missing = [c for c in ("id_code", "diagnosis") if c not in table.columns]
     if missing:
@@ -237,8 +257,9 @@ def aptos2019_binary(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     relative = [f"train_images/{code}.png" for code in table["id_code"]]
     paths = preprocess_images(base, relative, int(spec.options["crop_size"]))
     grades = table["diagnosis"].astype(int).to_numpy()
-    rows = [{"path": f"{spec.name}/{path}", "class_name": FUNDUS_CLASSES[int(grade > 0)], "source": spec.name,
-             "split": "test", "dr_level": int(grade), "original_path": f"{spec.name}/{rel}"}
+    prefix = base.relative_to(raw_root).as_posix()
+    rows = [{"path": f"{prefix}/{path}", "class_name": FUNDUS_CLASSES[int(grade > 0)], "source": spec.name,
+             "split": "test", "dr_level": int(grade), "original_path": f"{prefix}/{rel}"}
             for path, rel, grade in zip(paths, relative, grades)]
     return make_manifest(rows, spec.classes)
 
@@ -290,13 +311,18 @@ def retina_row(path: str, source: str, dr_grade: int, edema_grade: int, edema_wo
             "caption": retina_caption(DR_WORDS[dr_grade], edema_words[edema_grade]), **extra}
 
 
+MESSIDOR_BASES = tuple(f"Base{site}{part}" for site in (1, 2, 3) for part in (1, 2, 3, 4))
+
 register_dataset(DatasetSpec(
     name="messidor",
     title="MESSIDOR (Decencière et al. 2014): 1,200 fundus images from three French departments",
     classes=("no_dr", "dr"),
     sources=(Source("request", "https://www.adcis.net/en/third-party/messidor/",
-                    note="register on the ADCIS page, download the 12 Base11..Base34 zips and unpack them"),),
-    layout="Base11/ ... Base34/, each with its .tif images and Annotation_BaseXX.xls (columns 'Image name', "
+                    provides=tuple(f"**/Annotation_{b}.xls|**/Annotation_{b}.xlsx|**/Annotation_{b}.csv"
+                                   for b in MESSIDOR_BASES),
+                    note="register on the ADCIS page (the FedDRA authors downloaded it there in Aug 2024), download the "
+                         "12 parts Base11 ... Base34 and unpack each into the dataset folder"),),
+    layout="Base11/ ... Base34/ (or one folder), each with its .tif images and Annotation_BaseXX.xls (columns 'Image name', "
            "'Ophthalmologic department', 'Retinopathy grade', 'Risk of macular edema'; a CSV export "
            "Annotation_BaseXX.csv works too)",
     prepare="messidor",
@@ -304,45 +330,49 @@ register_dataset(DatasetSpec(
     homepage="https://www.adcis.net/en/third-party/messidor/",
     citation="doi:10.5566/ias.1155",
     used_by=("feddra",),
-    expected_files=("Base11",),
 ))
 
 
 MESSIDOR_COLUMNS = ("Image name", "Retinopathy grade", "Risk of macular edema")
 
 
-def _annotation(folder: Path) -> pd.DataFrame:
-    csv = sorted(folder.glob("Annotation_*.csv"))
-    if csv:
-        table = pd.read_csv(csv[0])
+def _read_annotation(path: Path) -> pd.DataFrame:
+    if path.suffix.lower() == ".csv":
+        table = pd.read_csv(path)
     else:
-        xls = sorted(folder.glob("Annotation_*.xls*"))
-        if not xls:
-            raise FileNotFoundError(f"{folder}: no Annotation_{folder.name}.xls (or .csv export)")
         try:
-            table = pd.read_excel(xls[0])
+            table = pd.read_excel(path)
         except ImportError:
-            raise ImportError(f"reading {xls[0]} needs xlrd (pip install xlrd), or save it as "
-                              f"{xls[0].with_suffix('.csv').name} next to it") from None
-    table.columns = [str(c).strip() for c in table.columns]
+            raise ImportError(f"reading {path} needs xlrd (a dependency of fedrepro: pip install xlrd), or save it as "
+                              f"{path.with_suffix('.csv').name} next to it") from None
+    table.columns = [str(c).strip() for c in table.columns]   # the .xls header reads 'Risk of macular edema '
     return table
+
+
+def messidor_annotations(base: Path) -> dict[str, Path]:
+    """Base name -> its annotation file (a CSV export before the .xls), wherever it is unpacked."""
+    found: dict[str, Path] = {}
+    for path in sorted(base.glob("**/Annotation_Base*"), key=lambda p: (p.suffix.lower() != ".csv", str(p))):
+        if "downloads" not in path.relative_to(base).parts and path.suffix.lower() in (".csv", ".xls", ".xlsx"):
+            found.setdefault(path.stem.removeprefix("Annotation_"), path)
+    return found
 
 
 @preparer("messidor")
 def messidor(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     base = raw_root / spec.name
-    folders = sorted(d for d in base.glob("Base*") if d.is_dir())
-    if not folders:
-        raise missing_folder(base / "Base11", spec)
+    annotations = messidor_annotations(base)
+    if not annotations:
+        raise missing_folder(base / "Base11" / "Annotation_Base11.xls", spec)
     rows = []
-    for folder in folders:
-        table = _annotation(folder)
+    for _, path in sorted(annotations.items()):
+        table = _read_annotation(path)
         missing = [c for c in MESSIDOR_COLUMNS if c not in table.columns]
         if missing:
-            raise ManifestError(f"{folder}: annotation lacks columns {missing}; columns present: {list(table.columns)}")
+            raise ManifestError(f"{path}: annotation lacks columns {missing}; columns present: {list(table.columns)}")
+        folder = path.parent.relative_to(raw_root).as_posix()
         for rec in table.to_dict("records"):
-            name = str(rec["Image name"])
-            rows.append(retina_row(f"{spec.name}/{folder.name}/{name}", "messidor", int(rec["Retinopathy grade"]),
+            rows.append(retina_row(f"{folder}/{rec['Image name']}", "messidor", int(rec["Retinopathy grade"]),
                                    int(rec["Risk of macular edema"]), MESSIDOR_EDEMA))
     return make_manifest(rows, spec.classes)
 
@@ -353,9 +383,11 @@ register_dataset(DatasetSpec(
     classes=("no_dr", "dr"),
     sources=(
         Source("request", "physionet.org/files/brazilian-ophthalmological/1.0.0/",
-               note="wget -r -N -c -np --user <physionet user> --ask-password "
+               provides=("fundus_photos", "labels.csv|labels_brset.csv"),
+               note="credentialed access (CITI training + data use agreement), files served one by one: "
+                    "wget -r -N -c -np --user <physionet user> --ask-password "
                     "https://physionet.org/files/brazilian-ophthalmological/1.0.0/ and move its fundus_photos/ and "
-                    "labels.csv to resources/raw/brset/"),
+                    "label table to resources/raw/brset/"),
     ),
     layout="fundus_photos/<image_id>.jpg and labels.csv (or labels_brset.csv) with columns image_id, patient_id, "
            "DR_ICDR (0-4), macular_edema (0/1), ...",
@@ -364,7 +396,6 @@ register_dataset(DatasetSpec(
     homepage="https://physionet.org/content/brazilian-ophthalmological/1.0.0/",
     citation="doi:10.13026/xcxw-8198",
     used_by=("feddra",),
-    expected_files=("fundus_photos",),
 ))
 
 
@@ -417,8 +448,9 @@ register_dataset(DatasetSpec(
     title="mBRSET 1.0, mobile Brazilian retinal dataset (portable cameras; Wu et al. 2024): 5,164 images",
     classes=("no_dr", "dr"),
     sources=(
-        Source("request", "physionet.org/files/mbrset/1.0/",
-               note="wget -r -N -c -np --user <physionet user> --ask-password https://physionet.org/files/mbrset/1.0/ "
+        Source("request", "physionet.org/files/mbrset/1.0/", provides=("images", "labels_mbrset.csv"),
+               note="credentialed access (CITI training + data use agreement), files served one by one: "
+                    "wget -r -N -c -np --user <physionet user> --ask-password https://physionet.org/files/mbrset/1.0/ "
                     "and move its images/ and labels_mbrset.csv to resources/raw/mbrset/"),
     ),
     layout="images/<file> and labels_mbrset.csv with columns file, patient, final_icdr (0-4), final_edema (yes/no or 1/0)",
@@ -426,11 +458,13 @@ register_dataset(DatasetSpec(
     access="credentialed",
     homepage="https://physionet.org/content/mbrset/1.0/",
     used_by=("feddra",),
-    expected_files=("images", "labels_mbrset.csv"),
 ))
 
 
 def _yes_no(value) -> int:
+    """final_edema as 1 / 0, and -1 where the row has none (unlabelled for the edema task)."""
+    if pd.isna(value) or not str(value).strip():
+        return -1
     text = str(value).strip().lower()
     if text in ("yes", "1", "1.0", "true"):
         return 1
@@ -441,14 +475,15 @@ def _yes_no(value) -> int:
 
 @preparer("mbrset")
 def mbrset(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
-    """label = DR present (final_icdr > 0); ``edema`` = final_edema as 0/1 (the second downstream
-    task reads it with label_column: edema); rows without a DR grade are left out."""
+    """label = DR present (final_icdr > 0); ``edema`` = final_edema as 0/1, -1 where the row has none
+    (the second downstream task reads it with label_column: edema and leaves -1 rows out; the DR task
+    keeps them); rows without a DR grade are left out."""
     base = raw_root / spec.name
     table = pd.read_csv(_first_existing(base, ("labels_mbrset.csv",), spec))
     missing = [c for c in ("file", "final_icdr", "final_edema") if c not in table.columns]
     if missing:
         raise ManifestError(f"mBRSET labels lack columns {missing}; columns present: {list(table.columns)}")
-    table = table[table["final_icdr"].notna() & table["final_edema"].notna()]
+    table = table[table["final_icdr"].notna()]
     rows = [{"path": f"{spec.name}/images/{rec.file}", "class_name": "dr" if int(rec.final_icdr) > 0 else "no_dr",
              "dr_grade": int(rec.final_icdr), "edema": _yes_no(rec.final_edema), "patient": str(getattr(rec, "patient", ""))}
             for rec in table.itertuples(index=False)]

@@ -7,9 +7,36 @@ Kaggle account of the API token; about 180 GB zipped). The preparer reads ``stag
 ``rsna_ich/png/`` (resumable). Windowing: HU = pixels * slope + intercept, clipped to
 [center - width/2, center + width/2] and scaled to 0..255; ``window: brain`` uses the standard brain
 window (40, 80) for every image, ``dicom`` the file's own WindowCenter/WindowWidth; ``png_size``
-resizes (0 keeps 512 x 512). The exact window and size of the Kaggle notebook the authors followed are
-not stated: brain window and 256 px are our defaults (docs/papers/fediic.md). DICOM files are read by
-the project's own reader (``fedrepro.data.dicom``), no extra dependency.
+resizes (0 keeps 512 x 512). DICOM files are read by the project's own reader
+(``fedrepro.data.dicom``), no extra dependency.
+
+Slices stored with 12 bits, unsigned, and a rescale intercept above -100 (BitsStored 12,
+PixelRepresentation 0, RescaleIntercept > -100) have values that only make sense shifted: before
+windowing they are corrected as the widely copied ``correct_dcm`` of the Kaggle notebooks
+reppic/gradient-sigmoid-windowing and akensert/rsna-inceptionv3-keras-tf1-14-0 does (stored + 1000,
+values of 4096 and above wrapped down by 4096, intercept -1000); without it those slices are windowed
+wrongly (:func:`correct_12bit`).
+
+Layout facts, and where they come from:
+- ``stage_2_train.csv`` (columns ``ID,Label``; ``ID`` = ``ID_<image>_<subtype>``, subtypes epidural,
+  intraparenchymal, intraventricular, subarachnoid, subdural, any; a few rows are duplicated) and
+  ``stage_2_train/ID_<image>.dcm``: the competition's data page, the RSNA AI-Challenge-Data wiki
+  ("RSNA Intracranial Hemorrhage Detection") and public kernels that read them.
+- The archive from Kaggle's "download all" keeps a top folder ``rsna-intracranial-hemorrhage-detection/``
+  (public kernels read ``/kaggle/input/rsna-intracranial-hemorrhage-detection/rsna-intracranial-hemorrhage-detection/stage_2_train/``).
+  Not confirmed for the API's zip itself: both ways are accepted (``Source.top`` is stripped when
+  unpacking and accepted when placed by hand).
+
+The authors' images (``rsna_ich_stage1_png``, the ICH setting's dataset under the ``paper``
+protocol): FedIIC's README points to the Kaggle notebook guiferviz/prepare-dataset-resizing-and-saving-as-png
+and its ``ichDataset`` (wnn2000/FedIIC, ``dataset/dataset.py``) reads ``stage_1_train_images/<id>.png``.
+That notebook (read from a public copy) windows each slice with the file's own WindowCenter/Width,
+scales the windowed slice min-max to 0..255 and resizes it bicubically to 128 x 128; its published
+output is the Kaggle dataset guiferviz/rsna_stage1_png_128 (``stage_1_train_images/``,
+``stage_1_test_images/``), which that dataset takes as it is. Its labels: ``stage_1_train.csv`` where
+placed, else the competition's ``stage_2_train.csv`` (which labels every stage-1 training image; the
+stage-1 test images in it have no PNG in ``stage_1_train_images`` and are left out). Whether the PNG
+dataset ships a label table of its own is not confirmed; either is accepted.
 """
 
 from __future__ import annotations
@@ -21,27 +48,29 @@ import numpy as np
 import pandas as pd
 
 from ...registry import preparer, register_dataset
-from ..manifest import make_manifest
-from ..prepare import missing_folder
+from ..manifest import ManifestError, make_manifest
+from ..prepare import find_file, find_folder, missing_folder
 from ..spec import DatasetSpec, Source
 
 log = logging.getLogger(__name__)
 
 ICH_SUBTYPES = ("epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural")
 BRAIN_WINDOW = (40.0, 80.0)
+ICH_COMPETITION = "rsna-intracranial-hemorrhage-detection"
 
 register_dataset(DatasetSpec(
     name="rsna_ich",
     title="RSNA Intracranial Hemorrhage Detection (stage 2 train), single-subtype slices windowed to PNG",
     classes=ICH_SUBTYPES,
-    sources=(Source("kaggle_competition", "rsna-intracranial-hemorrhage-detection",
-                    filename="rsna-intracranial-hemorrhage-detection.zip",
-                    note="accept the competition rules on kaggle.com first"),),
-    layout="stage_2_train.csv and stage_2_train/ID_<image>.dcm (the competition archive, unpacked); "
-           "the preparer writes png/ID_<image>.png",
+    sources=(Source("kaggle_competition", ICH_COMPETITION, filename=f"{ICH_COMPETITION}.zip", top=ICH_COMPETITION,
+                    provides=("stage_2_train.csv", "stage_2_train"),
+                    note="accept the competition rules on kaggle.com first; about 180 GB zipped, 450 GB unpacked; "
+                         "digest: trust-on-first-use"),),
+    layout="stage_2_train.csv and stage_2_train/ID_<image>.dcm (the competition archive, unpacked; its top folder "
+           f"{ICH_COMPETITION}/ may stay); the preparer writes png/ID_<image>.png",
     prepare="rsna_ich",
     access="rules",
-    homepage="https://www.kaggle.com/competitions/rsna-intracranial-hemorrhage-detection",
+    homepage=f"https://www.kaggle.com/competitions/{ICH_COMPETITION}",
     citation="Flanders et al., Radiology: Artificial Intelligence 2(3):e190211, 2020",
     licence="competition rules (non-commercial research)",
     used_by=("fediic",),
@@ -49,6 +78,29 @@ register_dataset(DatasetSpec(
     options={"window": "brain", "png_size": 256},
 ))
 
+register_dataset(DatasetSpec(
+    name="rsna_ich_stage1_png",
+    title="RSNA ICH as FedIIC's authors used it: stage-1 training slices as 128 px PNGs (Kaggle guiferviz/rsna_stage1_png_128)",
+    classes=ICH_SUBTYPES,
+    sources=(
+        Source("kaggle_dataset", "guiferviz/rsna_stage1_png_128", filename="rsna_stage1_png_128.zip",
+               provides=("**/stage_1_train_images",),
+               note="the output of the notebook FedIIC's README names (guiferviz/prepare-dataset-resizing-and-saving-as-png); "
+                    "digest: trust-on-first-use"),
+        Source("kaggle_competition", f"{ICH_COMPETITION}/stage_2_train.csv", filename="stage_2_train.csv", extract=False,
+               provides=("**/stage_1_train.csv|**/stage_2_train.csv",),
+               note="the label table only (accept the competition rules first); stage_1_train.csv, where you have it, "
+                    "is read instead; digest: trust-on-first-use"),
+    ),
+    layout="stage_1_train_images/ID_<image>.png (128 x 128, possibly below a wrapper folder) and stage_1_train.csv or "
+           "stage_2_train.csv (ID,Label) in the dataset folder or downloads/",
+    prepare="rsna_ich_stage1_png",
+    access="rules",
+    homepage="https://www.kaggle.com/datasets/guiferviz/rsna_stage1_png_128",
+    citation="Flanders et al., Radiology: Artificial Intelligence 2(3):e190211, 2020",
+    licence="competition rules (non-commercial research)",
+    used_by=("fediic",),
+))
 
 
 def single_type_labels(frame: pd.DataFrame) -> pd.DataFrame:
@@ -69,6 +121,24 @@ def single_type_labels(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"image": chosen.index, "subtype": chosen.to_numpy()}).sort_values("image").reset_index(drop=True)
 
 
+def read_label_table(path: Path) -> pd.DataFrame:
+    """A competition label table, also when Kaggle's single-file download sent it zipped."""
+    import zipfile
+
+    return pd.read_csv(path, compression="zip" if zipfile.is_zipfile(path) else "infer")
+
+
+def correct_12bit(pixels: np.ndarray, intercept: float, bits_stored: int | None, signed: bool) -> tuple[np.ndarray, float]:
+    """(pixels, intercept) of a slice whose 12-bit unsigned values carry a rescale intercept above -100,
+    shifted as the Kaggle notebooks' ``correct_dcm`` does: +1000, values >= 4096 wrapped down by
+    4096, intercept -1000. Other slices are returned unchanged."""
+    if bits_stored != 12 or signed or not intercept > -100:
+        return pixels, intercept
+    shifted = pixels.astype(np.int32) + 1000
+    shifted[shifted >= 4096] -= 4096
+    return shifted, -1000.0
+
+
 def window_ct(pixels: np.ndarray, slope: float, intercept: float, center: float, width: float) -> np.ndarray:
     """Stored pixel values -> Hounsfield units -> window [center -+ width/2] -> uint8 0..255."""
     hu = pixels.astype(np.float64) * slope + intercept
@@ -77,16 +147,18 @@ def window_ct(pixels: np.ndarray, slope: float, intercept: float, center: float,
 
 
 def read_dicom(path: Path) -> tuple[np.ndarray, dict]:
-    """(stored pixel array, {slope, intercept, center, width}) of an uncompressed DICOM slice; the
-    file's own window falls back to the brain window when it has none."""
+    """(stored pixel array, {slope, intercept, center, width}) of an uncompressed DICOM slice, the
+    12-bit correction applied (:func:`correct_12bit`); the file's own window falls back to the brain
+    window when it has none."""
     from ..dicom import DicomError
     from ..dicom import read_dicom as read_part10
 
     image = read_part10(path)
     if image.pixels is None:
         raise DicomError(f"{path}: compressed pixel data; RSNA ICH slices are expected uncompressed")
+    pixels, intercept = correct_12bit(image.pixels, image.intercept, image.bits_stored, image.signed)
     center, width = image.window or BRAIN_WINDOW
-    return image.pixels, {"slope": image.slope, "intercept": image.intercept, "center": center, "width": width}
+    return pixels, {"slope": image.slope, "intercept": intercept, "center": center, "width": width}
 
 
 def dicom_to_png(source: Path, target: Path, window: str, size: int) -> None:
@@ -105,13 +177,14 @@ def dicom_to_png(source: Path, target: Path, window: str, size: int) -> None:
 
 @preparer("rsna_ich")
 def prepare_rsna_ich(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    """The competition's stage-2 training slices (the archive's top folder may be kept)."""
     from tqdm import tqdm
 
     base = raw_root / spec.name
-    table, dicoms = base / "stage_2_train.csv", base / "stage_2_train"
-    for needed in (table, dicoms):
-        if not needed.exists():
-            raise missing_folder(needed, spec)
+    table = find_file(base, "stage_2_train.csv", spec, max_depth=1, search_downloads=False)
+    dicoms = table.parent / "stage_2_train"
+    if not dicoms.is_dir():
+        raise missing_folder(dicoms, spec)
     window = spec.options.get("window", "brain")
     if window not in ("brain", "dicom"):
         raise ValueError(f"rsna_ich option window = {window!r}; allowed: brain, dicom")
@@ -125,3 +198,21 @@ def prepare_rsna_ich(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     return make_manifest(rows, spec.classes)
 
 
+@preparer("rsna_ich_stage1_png")
+def prepare_rsna_ich_stage1_png(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    """The authors' PNGs as they are; label = the single subtype of each slice in the label table
+    (slices with none or several subtypes are left out, as for ``rsna_ich``)."""
+    base = raw_root / spec.name
+    images = find_folder(base, "stage_1_train_images", spec)
+    table = find_file(base, ("stage_1_train.csv", "stage_2_train.csv"), spec)
+    pngs = {p.stem: p for p in images.iterdir() if p.suffix.lower() == ".png"}
+    labels = single_type_labels(read_label_table(table))
+    present = labels[labels["image"].isin(pngs)]
+    if table.name == "stage_1_train.csv" and len(present) < len(labels):
+        absent = sorted(set(labels["image"]) - set(pngs))
+        raise ManifestError(f"{len(absent)} single-subtype slices of {table} have no PNG in {images}, e.g. {absent[:3]}")
+    if present.empty:
+        raise ManifestError(f"none of the {len(labels)} single-subtype slices of {table} has a PNG in {images}")
+    rows = [{"path": pngs[image].relative_to(raw_root).as_posix(), "class_name": subtype}
+            for image, subtype in present.itertuples(index=False)]
+    return make_manifest(rows, spec.classes)

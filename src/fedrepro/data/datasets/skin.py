@@ -90,7 +90,7 @@ register_dataset(DatasetSpec(
     classes=ISIC2019_CLASSES,
     sources=(
         Source("url", ISIC2019_S3 + "ISIC_2019_Training_Input.zip", filename="ISIC_2019_Training_Input.zip",
-               note="digest: trust-on-first-use (the challenge publishes none)"),
+               provides=("ISIC_2019_Training_Input",), note="digest: trust-on-first-use (the challenge publishes none)"),
         Source("url", ISIC2019_S3 + ISIC2019_TRUTH, filename=ISIC2019_TRUTH, extract=False,
                note="digest: trust-on-first-use"),
         Source("url", ISIC2019_S3 + ISIC2019_META, filename=ISIC2019_META, extract=False,
@@ -165,11 +165,11 @@ register_dataset(DatasetSpec(
     title="HAM10000: 10,015 dermatoscopic images of 7,470 lesions from 4 sub-sources (Tschandl et al. 2018)",
     classes=HAM_CLASSES,
     sources=(
-        Source("dataverse", HAM_DATAVERSE, filename="HAM10000_images_part_1.zip",
+        Source("dataverse", HAM_DATAVERSE, filename="HAM10000_images_part_1.zip", provides=("**/ISIC_0024306.jpg",),
                note="digest: the server's published MD5, then trust-on-first-use SHA-256"),
-        Source("dataverse", HAM_DATAVERSE, filename="HAM10000_images_part_2.zip",
+        Source("dataverse", HAM_DATAVERSE, filename="HAM10000_images_part_2.zip", provides=("**/ISIC_0034320.jpg",),
                note="digest: the server's published MD5, then trust-on-first-use SHA-256"),
-        Source("dataverse", HAM_DATAVERSE, filename="HAM10000_metadata.csv", extract=False,
+        Source("dataverse", HAM_DATAVERSE, filename="HAM10000_metadata.csv", extract=False, provides=("**/HAM10000_metadata*",),
                note="listed as the ingested HAM10000_metadata.tab; its original (CSV) is downloaded; "
                     "digest: trust-on-first-use"),
     ),
@@ -345,29 +345,34 @@ register_dataset(DatasetSpec(
     title="PH2 dermoscopic image database (200 images; Mendonca et al., EMBC 2013)",
     classes=PH2_CLASSES,
     sources=(Source("request", "https://www.fc.up.pt/addi/ph2%20database.html",
-                    note="fill in the request form on the PH2 page; the archive unpacks to PH2Dataset/"),),
-    layout="PH2Dataset/PH2_dataset.txt and PH2Dataset/PH2 Dataset images/IMD<nnn>/IMD<nnn>_Dermoscopic_Image/IMD<nnn>.bmp",
+                    provides=("**/PH2_dataset.txt", "**/PH2 Dataset images/IMD*/IMD*_Dermoscopic_Image/IMD*.bmp"),
+                    note="the official page's request form (reported dead; its archive PH2Dataset.rar unpacks to "
+                         "PH2Dataset/); known mirrors: Zenodo record 17498821 (PH2.zip) and Kaggle copies of PH2Dataset; "
+                         "no digest is published, so whatever the mirror, the preparer checks the label table against "
+                         "the published composition (200 images: 80 common nevi, 80 atypical nevi, 40 melanomas) and "
+                         "every listed image"),),
+    layout="PH2Dataset/PH2_dataset.txt and PH2Dataset/PH2 Dataset images/IMD<nnn>/IMD<nnn>_Dermoscopic_Image/IMD<nnn>.bmp "
+           "(the PH2Dataset/ folder may be named otherwise or be absent: the folder holding PH2_dataset.txt is used)",
     prepare="ph2",
     access="request",
     homepage="https://www.fc.up.pt/addi/ph2%20database.html",
     citation="doi:10.1109/EMBC.2013.6610779",
     used_by=("fediic",),
-    expected_files=("PH2Dataset/PH2_dataset.txt",),
+    options={"composition": {"common_nevus": 80, "atypical_nevus": 80, "melanoma": 40}},
 ))
 
 register_dataset(DatasetSpec(
     name="derm7pt",
     title="derm7pt: dermoscopic images of the Interactive Atlas of Dermoscopy (Argenziano et al. 2000; Kawahara et al. 2019)",
     classes=DERM7PT_CLASSES,
-    sources=(Source("request", "https://derm.cs.sfu.ca",
-                    note="register on derm.cs.sfu.ca and download release_v0.zip"),),
+    sources=(Source("request", "https://derm.cs.sfu.ca", provides=("release_v0/meta/meta.csv", "release_v0/images"),
+                    note="register on derm.cs.sfu.ca and download release_v0.zip (it unpacks to release_v0/)"),),
     layout="release_v0/meta/meta.csv (columns diagnosis, derm, ...) and release_v0/images/<folder>/<file>",
     prepare="derm7pt",
     access="request",
     homepage="https://derm.cs.sfu.ca",
     citation="doi:10.1109/JBHI.2018.2824327",
     used_by=("fediic",),
-    expected_files=("release_v0/meta/meta.csv",),
 ))
 
 register_dataset(DatasetSpec(
@@ -416,12 +421,18 @@ def parse_ph2_table(text: str) -> pd.DataFrame:
 
 @preparer("ph2")
 def prepare_ph2(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
-    root = raw_root / spec.name / "PH2Dataset"
-    table = root / "PH2_dataset.txt"
-    if not table.exists():
-        raise missing_folder(table, spec)
+    """The folder that holds PH2_dataset.txt is the root (mirrors differ in the folders above it). No
+    mirror publishes a digest, so the label table is checked against the published composition
+    (``composition``) before anything is read from it."""
+    table = find_file(raw_root / spec.name, "PH2_dataset.txt", spec, max_depth=2, search_downloads=False)
+    root = table.parent
+    labels = parse_ph2_table(table.read_text(encoding="utf-8", errors="replace"))
+    counts = labels["class_name"].value_counts().to_dict()
+    if counts != spec.options["composition"]:
+        raise ManifestError(f"{table} lists {counts}; the PH2 database has {spec.options['composition']} (Mendonca et al. "
+                            f"2013): this copy is incomplete or altered, get it from another mirror")
     rows = []
-    for rec in parse_ph2_table(table.read_text(encoding="utf-8", errors="replace")).itertuples(index=False):
+    for rec in labels.itertuples(index=False):
         image = root / "PH2 Dataset images" / rec.name / f"{rec.name}_Dermoscopic_Image" / f"{rec.name}.bmp"
         if not image.exists():
             raise FileNotFoundError(f"{image} listed in {table} is missing; {spec.name} should read: {spec.layout}")
