@@ -9,7 +9,7 @@ import numpy as np
 
 LONG_VRS = (b"OB", b"OW", b"SQ", b"UN", b"UT")
 US_TAGS = {"samples": (0x0028, 0x0002), "rows": (0x0028, 0x0010), "columns": (0x0028, 0x0011),
-           "bits": (0x0028, 0x0100), "signed": (0x0028, 0x0103)}
+           "bits": (0x0028, 0x0100), "bits_stored": (0x0028, 0x0101), "signed": (0x0028, 0x0103)}
 DS_TAGS = {"center": (0x0028, 0x1050), "width": (0x0028, 0x1051), "intercept": (0x0028, 0x1052),
            "slope": (0x0028, 0x1053)}
 
@@ -28,10 +28,11 @@ def element(group: int, number: int, vr: bytes, value: bytes, explicit: bool = T
 
 
 def write_dicom(path: Path, pixels: np.ndarray | None = None, jpeg: bytes | None = None, size: tuple[int, int] | None = None,
-                explicit: bool = True, **decimals: str) -> None:
+                explicit: bool = True, bits_stored: int | None = None, **decimals: str) -> None:
     """Native ``pixels`` (uint8, uint16 or int16) in explicit or implicit VR little endian, or a JPEG
     baseline stream of ``size`` (rows, columns); ``decimals`` sets CT attributes given as DICOM decimal
-    strings: center, width, intercept, slope (e.g. ``center="40\\50"``)."""
+    strings: center, width, intercept, slope (e.g. ``center="40\\50"``); ``bits_stored`` BitsStored
+    (default: BitsAllocated)."""
     if jpeg is not None:
         syntax, explicit = b"1.2.840.10008.1.2.4.50", True
     else:
@@ -47,7 +48,8 @@ def write_dicom(path: Path, pixels: np.ndarray | None = None, jpeg: bytes | None
                 + struct.pack("<HHI", 0xFFFE, 0xE00D, 0) + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0))
     body = element(0x0008, 0x0060, b"CS", b"CT", explicit) + sequence
     body += element(0x0028, 0x0004, b"CS", b"MONOCHROME2 ", explicit)
-    values = {"samples": 1, "rows": rows, "columns": columns, "bits": bits, "signed": signed}
+    values = {"samples": 1, "rows": rows, "columns": columns, "bits": bits, "bits_stored": bits_stored or bits,
+              "signed": signed}
     for name, (group, number) in US_TAGS.items():
         body += element(group, number, b"US", struct.pack("<H", values[name]), explicit)
     for name, (group, number) in DS_TAGS.items():

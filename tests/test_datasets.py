@@ -9,16 +9,14 @@ import hashlib
 import io
 import json
 import logging
-import threading
-import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
+
+from http_files import server, zip_bytes  # noqa: F401  (server: a pytest fixture)
 
 from fedrepro.data import download
 from fedrepro.data.download import ChecksumMismatch, DownloadError, ManualStepRequired
@@ -281,66 +279,6 @@ def test_registry_entries_are_complete():
 
 # --------------------------------------------------------------------------------------------
 # downloads against a local HTTP server
-
-def zip_bytes(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
-
-
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-    def do_GET(self):
-        srv = self.server
-        path = urlsplit(self.path).path
-        srv.seen.append({"path": self.path, "range": self.headers.get("Range"), "auth": self.headers.get("Authorization")})
-        if path in srv.denied:
-            self.send_response(401)
-            self.end_headers()
-            return
-        if path in srv.json:
-            body = json.dumps(srv.json[path]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        if path not in srv.files:
-            self.send_response(404)
-            self.end_headers()
-            return
-        data, start = srv.files[path], 0
-        if self.headers.get("Range"):
-            start = int(self.headers["Range"].split("=")[1].split("-")[0])
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        else:
-            self.send_response(200)
-        body = data[start:]
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        cut = srv.cut.pop(path, None)
-        self.wfile.write(body[:cut] if cut else body)
-        if cut:
-            self.close_connection = True  # the client sees a short body: an interrupted download
-
-
-@pytest.fixture()
-def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.files, srv.json, srv.cut, srv.denied, srv.seen = {}, {}, {}, set(), []
-    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-
 
 def fake_spec(*sources: Source, **kw) -> DatasetSpec:
     return DatasetSpec(name="fake", title="fake", classes=("a", "b"), sources=sources, layout="a/*.png and b/*.png",

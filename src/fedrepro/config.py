@@ -198,6 +198,12 @@ class Project:
 
         for name, setting in paper["settings"].items():
             check_choice(setting["dataset"], DATASETS.names(), f"{where}: settings/{name}/dataset")
+            for protocol, override in setting.get("protocols", {}).items():
+                key = f"{where}: settings/{name}/protocols/{protocol}/dataset"
+                check_choice(override["dataset"], DATASETS.names(), key)
+                if DATASETS.get(override["dataset"]).obj.classes != DATASETS.get(setting["dataset"]).obj.classes:
+                    raise ConfigError(f"{key}: {override['dataset']!r} has other classes than {setting['dataset']!r}; "
+                                      f"a setting reads datasets of the same classes under every protocol")
         for name, variant in paper["methods"].items():
             algorithm = variant.get("method", name)
             check_choice(algorithm, METHODS.names(), f"{where}: methods/{name}/method")
@@ -326,13 +332,22 @@ class Project:
         value = self.papers[paper]["settings"][setting]["split"].get("seed", 0)
         return seed if value == "run" else int(value)
 
-    def split_id(self, paper: str, setting: str, seed: int) -> str:
+    def setting_dataset(self, paper: str, setting: str, protocol: str | None = None) -> str:
+        """The dataset ``setting`` reads when built for ``protocol``: its ``dataset``, or the one its
+        ``protocols: {<protocol>: {dataset}}`` names (FedIIC's ICH under paper: the authors' images)."""
         s = self.papers[paper]["settings"][setting]
+        if protocol is None:
+            return s["dataset"]
+        return s.get("protocols", {}).get(self.protocol(paper, setting, protocol), {}).get("dataset", s["dataset"])
+
+    def split_id(self, paper: str, setting: str, seed: int, protocol: str | None = None) -> str:
+        s = self.papers[paper]["settings"][setting]
+        dataset = self.setting_dataset(paper, setting, protocol)
         spec = {k: v for k, v in s["split"].items() if k != "seed"}
         split_seed = self.split_seed(paper, setting, seed)
         alpha = f"-a{spec['alpha']:g}" if "alpha" in spec else ""
         clients = f"-c{spec['clients']}" if "clients" in spec else ""
-        return f"{s['dataset']}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([s['dataset'], spec], 6)}"
+        return f"{dataset}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([dataset, spec], 6)}"
 
     def count_settings(self, paper: str, kind: str, name: str) -> list[str]:
         """Settings whose split count files a table (``kind="tables"``) or figure reads directly."""
@@ -341,17 +356,18 @@ class Project:
     def splits(self) -> dict[str, dict]:
         """Every split some run needs, plus those that tables and figures read directly (their
         settings at the first seed), even where no run uses them."""
-        needed = [(key.paper, key.setting, key.seed) for key in self.runs()]
+        needed = [(key.paper, key.setting, key.seed, key.protocol) for key in self.runs()]
         seed = self.seeds[0]
         for paper_name, paper in self.papers.items():
             for kind in ("tables", "figures"):
                 for name in paper.get(kind, {}):
-                    needed += [(paper_name, s, seed) for s in self.count_settings(paper_name, kind, name)]
+                    needed += [(paper_name, s, seed, protocol) for s in self.count_settings(paper_name, kind, name)
+                               for protocol in self.protocols]
         out = {}
-        for paper_name, setting, run_seed in needed:
+        for paper_name, setting, run_seed, protocol in needed:
             s = self.papers[paper_name]["settings"][setting]
-            out[self.split_id(paper_name, setting, run_seed)] = {
-                "dataset": s["dataset"],
+            out[self.split_id(paper_name, setting, run_seed, protocol)] = {
+                "dataset": self.setting_dataset(paper_name, setting, protocol),
                 "spec": {k: v for k, v in s["split"].items() if k != "seed"},
                 "seed": self.split_seed(paper_name, setting, run_seed),
             }
@@ -419,14 +435,15 @@ class Project:
         variant = paper["methods"][key.method]
         train = self.train_config(key.paper, key.setting, key.method, key.protocol)
         features_key = self.features_key(train["model"])
-        split_id = self.split_id(key.paper, key.setting, key.seed)
+        split_id = self.split_id(key.paper, key.setting, key.seed, key.protocol)
+        dataset = self.setting_dataset(key.paper, key.setting, key.protocol)
         run = {
             "paper": key.paper,
             "setting": key.setting,
             "method": key.method,
             "seed": key.seed,
             "protocol": key.protocol,
-            "dataset": setting["dataset"],
+            "dataset": dataset,
             "algorithm": {"name": variant.get("method", key.method), "params": self.method_params(key.paper, key.method, key.protocol)},
             "train": train,
             "input": input_kind(train["model"]["family"]),
@@ -434,10 +451,10 @@ class Project:
             "features": {"key": features_key, "encoder": train["model"].get("encoder", {})} if features_key else None,
             "paths": {
                 "raw_dir": self.config["data"]["raw_dir"],
-                "manifest": paths.manifest(setting["dataset"]),
+                "manifest": paths.manifest(dataset),
                 "split": paths.split(split_id),
-                "features": paths.features(setting["dataset"], features_key) if features_key else None,
-                "images": self.image_cache_paths(setting["dataset"], train["model"]),
+                "features": paths.features(dataset, features_key) if features_key else None,
+                "images": self.image_cache_paths(dataset, train["model"]),
                 "out": paths.run_dir(key),
                 "checkpoints": paths.checkpoint_dir(key),
             },

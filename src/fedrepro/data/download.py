@@ -54,6 +54,7 @@ CHECKSUM_FILE = "SHA256SUMS"
 VERIFIED_CACHE = ".verified.json"
 UNPACKED_SUFFIX = ".unpacked"
 KAGGLE_API = "https://www.kaggle.com/api/v1"
+PHYSIONET_FILES = "https://physionet.org/files"
 
 
 class DownloadError(RuntimeError):
@@ -546,7 +547,7 @@ def fetch_source(spec: DatasetSpec, source: Source, dataset_dir: Path, env: dict
             raise manual("no PhysioNet login (credentialed access: complete the CITI training and sign the data use "
                          "agreement on the project page, then set PHYSIONET_USERNAME/PHYSIONET_PASSWORD or add a "
                          "'machine physionet.org login <user> password <pass>' line to ~/.netrc)")
-        _http_or_manual(spec, source, f"https://physionet.org/files/{source.ref}", target, creds, dataset_dir,
+        _http_or_manual(spec, source, f"{PHYSIONET_FILES}/{source.ref}", target, creds, dataset_dir,
                         "PhysioNet refused the login: check the account has signed this project's data use agreement")
     elif source.kind == "dataverse":
         try:

@@ -1,4 +1,10 @@
-"""Brain-tumour MRI datasets (FACMIC, FAA-CLIP)."""
+"""Brain-tumour MRI datasets (FACMIC, FAA-CLIP).
+
+Layout facts, and where they come from: both Kaggle archives unpack without a top folder into
+``Training/<class>/`` and ``Testing/<class>/`` (the datasets' Kaggle pages): Bhuvaji et al.'s class folders
+glioma_tumor, meningioma_tumor, no_tumor, pituitary_tumor (files like ``gg (1).jpg``, ``image(1).jpg``),
+Nickparvar's glioma, meningioma, notumor, pituitary (files like ``Tr-gl_0010.jpg``, ``Te-no_0010.jpg``).
+"""
 
 from __future__ import annotations
 

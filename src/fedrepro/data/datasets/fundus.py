@@ -19,7 +19,8 @@ Layout facts, and where they come from:
   images and ``Annotation_BaseXX.xls`` (columns ``Image name``, ``Ophthalmologic department``,
   ``Retinopathy grade``, ``Risk of macular edema `` - with a trailing space, as public loaders index
   it); whether a part unpacks into its own ``BaseXX/`` folder or flat is not confirmed: an annotation
-  file is read wherever it is, its images beside it. The ``.xls`` files are read with xlrd.
+  file is read wherever it is, its images beside it. The ``.xls`` files are read with python-calamine
+  (pandas' engine for them; xlrd's is deprecated).
 - BRSET 1.0.0 (PhysioNet brazilian-ophthalmological): ``fundus_photos/<image_id>.jpg`` and the label
   table with ``image_id`` (``img00001``, no extension), ``patient_id``, ..., ``DR_ICDR`` (0-4),
   ``macular_edema`` (0/1): the header of ``labels.csv`` in luisnakayama/BRSET (the dataset authors'
@@ -341,10 +342,10 @@ def _read_annotation(path: Path) -> pd.DataFrame:
         table = pd.read_csv(path)
     else:
         try:
-            table = pd.read_excel(path)
+            table = pd.read_excel(path, engine="calamine")   # pandas' reader for .xls (xlrd's is deprecated)
         except ImportError:
-            raise ImportError(f"reading {path} needs xlrd (a dependency of fedrepro: pip install xlrd), or save it as "
-                              f"{path.with_suffix('.csv').name} next to it") from None
+            raise ImportError(f"reading {path} needs python-calamine (a dependency of fedrepro: pip install "
+                              f"python-calamine), or save it as {path.with_suffix('.csv').name} next to it") from None
     table.columns = [str(c).strip() for c in table.columns]   # the .xls header reads 'Risk of macular edema '
     return table
 

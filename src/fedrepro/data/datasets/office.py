@@ -1,6 +1,16 @@
 """Object-recognition domain-shift datasets of FAA-CLIP: OfficeHome (4 domains, 65 classes) and
 Modern Office-31 (4 domains, 31 classes). The domain is the manifest's ``source``; there is no
-official split (FAA-CLIP splits every client itself)."""
+official split (FAA-CLIP splits every client itself).
+
+Layout facts, and where they come from:
+- OfficeHome: ``OfficeHomeDataset_10072016.zip`` (the Google Drive file the dataset page links)
+  unpacks to ``OfficeHomeDataset_10072016/{Art,Clipart,Product,Real World}/<class>/<nnnnn>.jpg`` with
+  ``ImageInfo.csv`` and ``imagelist.txt`` beside the domains; 65 class folders Alarm_Clock ... Webcam
+  (dataset page; public loaders such as the DomainBed and Transfer-Learning-Library ones read this tree).
+- Modern Office-31: the Adaptiope repository (gitlab.com/tringwald/adaptiope) links the archive; its
+  folder names below the domains are not confirmed from public sources: ``<domain>/<class>/`` and
+  Office-31's own ``<domain>/images/<class>/`` are both accepted, whatever the root folder is called.
+"""
 
 from __future__ import annotations
 
@@ -49,12 +59,15 @@ register_dataset(DatasetSpec(
 
 
 def domain_class_rows(root: Path, raw_root: Path, spec: DatasetSpec, domains: dict[str, tuple[str, ...]]) -> list[dict]:
-    """Rows for ``root/<domain folder>/<class>/*``; unknown class folders are an error (a wrong archive)."""
+    """Rows for ``root/<domain folder>/<class>/*`` (or ``<domain folder>/images/<class>/*``, Office-31's
+    own layout); unknown class folders are an error (a wrong archive)."""
     rows = []
     for source, folders in domains.items():
         folder = next((root / f for f in folders if (root / f).is_dir()), None)
         if folder is None:
             raise missing_folder(root / folders[0], spec)
+        if (folder / "images").is_dir() and "images" not in spec.classes:
+            folder = folder / "images"
         unknown = sorted(d.name for d in folder.iterdir() if d.is_dir() and d.name not in spec.classes)
         if unknown:
             raise ManifestError(f"{folder}: class folders {unknown} are not {spec.name} classes; allowed: {list(spec.classes)}")
@@ -87,7 +100,8 @@ register_dataset(DatasetSpec(
     sources=(Source("manual", "https://gitlab.com/tringwald/adaptiope",
                     note="the dataset page of the Adaptiope paper links the Modern Office-31 archive; download it "
                          "there and unpack it into the dataset folder (no stable direct URL, so no digest is pinned)"),),
-    layout="<root>/{amazon,dslr,synthetic,webcam}/<class>/*.jpg (root as in the archive, e.g. Modern-Office-31/; "
+    layout="<root>/{amazon,dslr,synthetic,webcam}/<class>/*.jpg (root as in the archive, e.g. Modern-Office-31/; an "
+           "images/ level below a domain, as in Office-31's own archive, is accepted; "
            "A 2,817 / D 498 / S 3,100 / W 795 images; the 31 Office-31 class folders back_pack ... trash_can)",
     prepare="modern_office31",
     access="open",

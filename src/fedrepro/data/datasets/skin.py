@@ -4,6 +4,27 @@ set, HAM10000, and the multi-source "Real" set of FACMIC (= "SC" of FAA-CLIP) bu
 Every manifest here carries an ``image_id`` column (the ISIC image id, ``ISIC_0024306``, with the
 ``_downsampled`` suffix of some ISIC 2019 files removed), so the same picture can be recognised
 across datasets: HAM10000 and most of the Kaggle SC images are also part of ISIC 2019.
+
+Layout facts, and where they come from:
+- Kaggle SC (nodoubttome/skin-cancer9-classesisic): ``Skin cancer ISIC The International Skin Imaging
+  Collaboration/{Train,Test}/<class folder>/ISIC_<id>.jpg``, in some copies below one more wrapper folder
+  (the Kaggle page; both accepted).
+- ISIC 2019: ``ISIC_2019_Training_Input.zip`` (folder ``ISIC_2019_Training_Input/``), and the two CSVs
+  ``ISIC_2019_Training_GroundTruth.csv`` (``image,MEL,NV,BCC,AK,BKL,DF,VASC,SCC,UNK``, one-hot 0.0/1.0) and
+  ``ISIC_2019_Training_Metadata.csv`` (``image,age_approx,anatom_site_general,lesion_id,sex``): the challenge
+  page, FLamby's ``fed_isic2019`` and FedIIC's ``SkinDataset`` (wnn2000/FedIIC, ``dataset/dataset.py``).
+- HAM10000 (Harvard Dataverse doi:10.7910/DVN/DBW86T): ``HAM10000_images_part_1.zip`` / ``_part_2.zip``
+  (ISIC_0024306 ... ISIC_0034320) and the metadata, listed as the ingested ``HAM10000_metadata.tab``
+  (``lesion_id,image_id,dx,dx_type,age,sex,localization,dataset``): the Dataverse file listing. Whether the
+  zips unpack flat or into a folder is not relied on.
+- PH2: ``PH2Dataset/PH2_dataset.txt`` (a ``||`` table: Name, Histological Diagnosis, Clinical Diagnosis
+  0/1/2, the dermoscopic criteria, Colors) and ``PH2Dataset/PH2 Dataset images/IMD<nnn>/IMD<nnn>_Dermoscopic_Image/
+  IMD<nnn>.bmp`` (with ``_lesion`` and ``_roi`` folders): the database's readme and public loaders; mirrors
+  may drop the ``PH2Dataset`` folder (the folder holding the table is used). 200 images: 80 common nevi,
+  80 atypical nevi, 40 melanomas (Mendonca et al. 2013).
+- derm7pt: ``release_v0/meta/meta.csv`` (columns ``case_num, diagnosis, ..., clinic, derm, ...``; ``derm`` the
+  dermoscopic image's path below ``release_v0/images/``) and ``meta/{train,valid,test}_indexes.csv``: the
+  README of jeremykawahara/derm7pt.
 """
 
 from __future__ import annotations
