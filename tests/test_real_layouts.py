@@ -270,6 +270,30 @@ def test_ich_12bit_slices_are_corrected_before_windowing(tmp_path):
         assert png.shape == (256, 256) and png[0, 0] == 0 and png[-1, 0] == 128, path   # air 0, brain 40 HU -> 127.5
 
 
+def kaggle_notebook_hu(pixels, bits_stored, pixel_representation, intercept, slope=1.0):
+    """Hounsfield units as ``window_image`` of the Kaggle notebooks reppic/gradient-sigmoid-windowing and
+    akensert/rsna-inceptionv3-keras-tf1-14-0 computes them: ``correct_dcm`` first when BitsStored == 12,
+    PixelRepresentation == 0 and int(RescaleIntercept) > -100 (stored + 1000, values from 4096 on
+    wrapped down by 4096, intercept -1000), then pixels * slope + intercept."""
+    x = pixels.astype(np.int64)
+    if bits_stored == 12 and pixel_representation == 0 and int(intercept) > -100:
+        x = x + 1000
+        x[x >= 4096] -= 4096
+        intercept = -1000
+    return x * slope + intercept
+
+
+@pytest.mark.parametrize("bits_stored,signed,intercept", [(12, False, 0.0), (12, False, -99.5), (12, False, -1024.0),
+                                                          (12, True, 0.0), (16, False, 0.0), (None, False, 0.0)])
+def test_12bit_correction_matches_the_kaggle_notebooks(bits_stored, signed, intercept):
+    from fedrepro.data.datasets.head_ct import correct_12bit
+
+    pixels = np.array([[0, 40, 1000, 3095], [3096, 3136, 4000, 4095]], dtype=np.uint16)
+    ours, ours_intercept = correct_12bit(pixels, intercept, bits_stored, signed)
+    expected = kaggle_notebook_hu(pixels, bits_stored, int(signed), intercept)
+    assert np.array_equal(ours.astype(np.int64) + ours_intercept, expected)
+
+
 # --------------------------------------------------------------------------------------------
 # large downloads: free space, resume for Kaggle and PhysioNet
 
