@@ -653,9 +653,9 @@ def check_dataset(spec: DatasetSpec, raw_root: Path) -> tuple[bool, list[str]]:
     against their pinned or recorded digests (none is recorded), each source's files looked for."""
     dataset_dir = Path(raw_root) / spec.name
     if spec.depends_on:
-        return True, [f"{spec.name}: derived from {', '.join(spec.depends_on)} (check those)"]
+        return True, [f"derived from {', '.join(spec.depends_on)} (check those)"]
     if spec.materialise:
-        return (dataset_dir / COMPLETE_MARKER).exists(), [f"{spec.name}: offline demo data, built by `fedrepro download`"]
+        return (dataset_dir / COMPLETE_MARKER).exists(), ["offline demo data, built by `fedrepro download`"]
     ok, lines = True, []
     for source in spec.sources:
         name = source.filename or source.ref
