@@ -154,6 +154,9 @@ def deep_merge(base: dict, override: dict | None) -> dict:
 
 
 PROTOCOLS = ("clean", "paper")
+# the paper protocol computes as the authors did: fp32 unless a paper file names the authors' own precision
+# for a method (protocols: {paper: {train: {precision: ...}}}, e.g. FACMIC's and FAA-CLIP's fp16_weights)
+PAPER_PRECISION = "fp32"
 
 
 class Project:
@@ -311,6 +314,8 @@ class Project:
         p = self.papers[paper]
         train = deep_merge(deep_merge(p["defaults"], p["settings"][setting].get("train")), p["methods"][method].get("train"))
         train = deep_merge(train, self.protocol_override(paper, method, protocol).get("train"))
+        if protocol == "paper":
+            train.setdefault("precision", PAPER_PRECISION)
         where = f"{paper}: settings/{setting} x methods/{method}: train"
         missing = [k for k in ("rounds", "batch_size", "model", "optimizer") if k not in train]
         if missing:

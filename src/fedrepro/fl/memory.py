@@ -360,7 +360,7 @@ def estimate(run: dict, clients: int, device: str | torch.device | None = None, 
     layout = profile["layout"]
     opt = optimizer_factor(train["optimizer"]) * trainable
     act = profile["activation"]
-    scale = HALF_ACTIVATIONS if precision in ("bf16", "fp16") else 1.0
+    scale = HALF_ACTIVATIONS if precision in ("bf16", "fp16", "fp16_weights") else 1.0
     train_act = (act["per_sample"] * train["batch_size"] + act["fixed"]) * scale * ACTIVATION_MARGIN
     eval_act = (act["per_sample"] * train.get("eval_batch_size", 256) + act["fixed"]) * scale * EVAL_FRACTION
     if not act.get("measured", True):
