@@ -199,8 +199,13 @@ class Project:
     def _check_paper(self, paper: dict, where: str) -> None:
         from .registry import DATASETS, FIGURE_KINDS, METHODS, TABLE_KINDS
 
+        split_schema = {"$defs": _schema(str(self.root.resolve()), "paper.schema.yaml")["$defs"], "$ref": "#/$defs/split"}
         for name, setting in paper["settings"].items():
             check_choice(setting["dataset"], DATASETS.names(), f"{where}: settings/{name}/dataset")
+            for protocol, override in setting.get("protocols", {}).items():
+                at = f"{where}: settings/{name}/protocols/{protocol}"
+                check_choice(override.get("dataset", setting["dataset"]), DATASETS.names(), f"{at}/dataset")
+                validate(deep_merge(setting["split"], override.get("split")), split_schema, f"{at}/split")
         for name, variant in paper["methods"].items():
             algorithm = variant.get("method", name)
             check_choice(algorithm, METHODS.names(), f"{where}: methods/{name}/method")
@@ -261,7 +266,7 @@ class Project:
             if rule in TEST_RULES:
                 asks.append(f"selection rule {rule!r} picks the reported round on the test set")
             algorithm = self.papers[paper]["methods"][method].get("method", method)
-            split = self.papers[paper]["settings"][setting]["split"]
+            split = self.setting(paper, setting, "clean")["split"]
             if (METHODS.get(algorithm).obj.reads_target(self.method_params(paper, method, "clean"))
                     and float(split.get("reference_fraction", 0)) <= 0):
                 asks.append("its domain-adaptation target would be the global test set (the split has no "
@@ -327,14 +332,21 @@ class Project:
         schema = _schema(str(self.root.resolve()), "paper.schema.yaml")
         return validate(train, {"$defs": schema["$defs"], **schema["$defs"]["resolved_train"]}, where)
 
-    def split_seed(self, paper: str, setting: str, seed: int) -> int:
-        value = self.papers[paper]["settings"][setting]["split"].get("seed", 0)
+    def setting(self, paper: str, setting: str, protocol: str = "clean") -> dict:
+        """The setting as runs of ``protocol`` read it: its ``protocols: {<protocol>: {dataset, split}}`` merged
+        in (e.g. the paper protocol's skin set with the sources' overlap, as the authors built it)."""
+        s = self.papers[paper]["settings"][setting]
+        override = s.get("protocols", {}).get(self.protocol(paper, setting, protocol), {})
+        return {**s, "dataset": override.get("dataset", s["dataset"]), "split": deep_merge(s["split"], override.get("split"))}
+
+    def split_seed(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> int:
+        value = self.setting(paper, setting, protocol)["split"].get("seed", 0)
         return seed if value == "run" else int(value)
 
-    def split_id(self, paper: str, setting: str, seed: int) -> str:
-        s = self.papers[paper]["settings"][setting]
+    def split_id(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> str:
+        s = self.setting(paper, setting, protocol)
         spec = {k: v for k, v in s["split"].items() if k != "seed"}
-        split_seed = self.split_seed(paper, setting, seed)
+        split_seed = self.split_seed(paper, setting, seed, protocol)
         alpha = f"-a{spec['alpha']:g}" if "alpha" in spec else ""
         clients = f"-c{spec['clients']}" if "clients" in spec else ""
         return f"{s['dataset']}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([s['dataset'], spec], 6)}"
@@ -346,38 +358,46 @@ class Project:
     def splits(self) -> dict[str, dict]:
         """Every split some run needs, plus those that tables and figures read directly (their
         settings at the first seed), even where no run uses them."""
-        needed = [(key.paper, key.setting, key.seed) for key in self.runs()]
+        needed = [(key.paper, key.setting, key.seed, key.protocol) for key in self.runs()]
         seed = self.seeds[0]
         for paper_name, paper in self.papers.items():
             for kind in ("tables", "figures"):
                 for name in paper.get(kind, {}):
-                    needed += [(paper_name, s, seed) for s in self.count_settings(paper_name, kind, name)]
+                    needed += [(paper_name, s, seed, protocol) for s in self.count_settings(paper_name, kind, name)
+                               for protocol in self.protocols]
         out = {}
-        for paper_name, setting, run_seed in needed:
-            s = self.papers[paper_name]["settings"][setting]
-            out[self.split_id(paper_name, setting, run_seed)] = {
+        for paper_name, setting, run_seed, protocol in needed:
+            s = self.setting(paper_name, setting, protocol)
+            out[self.split_id(paper_name, setting, run_seed, protocol)] = {
                 "dataset": s["dataset"],
                 "spec": {k: v for k, v in s["split"].items() if k != "seed"},
-                "seed": self.split_seed(paper_name, setting, run_seed),
+                "seed": self.split_seed(paper_name, setting, run_seed, protocol),
             }
         return out
 
-    def features_key(self, model: dict) -> str | None:
+    def jpeg_draft(self, protocol: str) -> bool:
+        """Whether runs of ``protocol`` decode large JPEGs with DCT scaling (``data.jpeg_draft``; auto = not
+        under the paper protocol, whose pixels are the authors')."""
+        setting = self.config["data"]["jpeg_draft"]
+        return protocol != "paper" if setting == "auto" else bool(setting)
+
+    def features_key(self, model: dict, draft: bool) -> str | None:
         if input_kind(model["family"]) != "features":
             return None
         enc = model.get("encoder", {})
         size = f"-{enc['image_size']}px" if enc.get("image_size") else ""
         tag = re.sub(r"[^A-Za-z0-9.]+", "_", Path(enc["pretrained"]).stem if "/" in enc["pretrained"] else enc["pretrained"])
-        full = "" if self.config["data"]["jpeg_draft"] else "-full"   # images decoded without JPEG DCT scaling
+        full = "" if draft else "-full"   # images decoded without JPEG DCT scaling
         return f"{enc['name']}-{tag}-{enc['preprocess']}{size}{full}-{hash_obj(enc, 6)}"
 
     def features(self) -> dict[tuple[str, str], dict]:
-        """(dataset, features key) -> encoder spec, for every feature cache some run needs."""
+        """(dataset, features key) -> {"encoder": spec, "jpeg_draft": bool}, for every feature cache some run needs."""
         out = {}
         for key in self.runs():
             run = self.run_config(key)
             if run["features"]:
-                out[(run["dataset"], run["features"]["key"])] = run["features"]["encoder"]
+                out[(run["dataset"], run["features"]["key"])] = {"encoder": run["features"]["encoder"],
+                                                                 "jpeg_draft": run["jpeg_draft"]}
         return out
 
     def weights(self) -> dict:
@@ -389,18 +409,18 @@ class Project:
         out = {}
         for key in self.runs():
             out.update((spec.id, spec) for spec in weight_specs(self.run_config(key)["train"]["model"]))
-        for encoder in self.features().values():
-            out.update((spec.id, spec) for spec in encoder_weights(encoder))
+        for job in self.features().values():
+            out.update((spec.id, spec) for spec in encoder_weights(job["encoder"]))
         return dict(sorted(out.items()))
 
-    def image_cache_paths(self, dataset: str, model: dict) -> dict[str, str] | None:
+    def image_cache_paths(self, dataset: str, model: dict, draft: bool) -> dict[str, str] | None:
         """{"train": file, "eval": file} of the decode-once image caches an image run reads (None for
         runs on cached features, or with ``data.image_cache: false``)."""
         if input_kind(model["family"]) == "features" or not self.config["data"]["image_cache"]:
             return None
         from .models.decoding import decode_specs
 
-        specs = decode_specs(model, draft=self.config["data"]["jpeg_draft"])
+        specs = decode_specs(model, draft=draft)
         return {part: paths.image_cache(dataset, spec.key) for part, spec in specs.items()}
 
     def image_caches(self) -> dict[str, dict]:
@@ -420,11 +440,12 @@ class Project:
 
     def _resolve_run_config(self, key: RunKey) -> dict:
         paper = self.papers[key.paper]
-        setting = paper["settings"][key.setting]
+        setting = self.setting(key.paper, key.setting, key.protocol)
         variant = paper["methods"][key.method]
         train = self.train_config(key.paper, key.setting, key.method, key.protocol)
-        features_key = self.features_key(train["model"])
-        split_id = self.split_id(key.paper, key.setting, key.seed)
+        draft = self.jpeg_draft(key.protocol)
+        features_key = self.features_key(train["model"], draft)
+        split_id = self.split_id(key.paper, key.setting, key.seed, key.protocol)
         run = {
             "paper": key.paper,
             "setting": key.setting,
@@ -442,7 +463,7 @@ class Project:
                 "manifest": paths.manifest(setting["dataset"]),
                 "split": paths.split(split_id),
                 "features": paths.features(setting["dataset"], features_key) if features_key else None,
-                "images": self.image_cache_paths(setting["dataset"], train["model"]),
+                "images": self.image_cache_paths(setting["dataset"], train["model"], draft),
                 "out": paths.run_dir(key),
                 "checkpoints": paths.checkpoint_dir(key),
             },
@@ -450,7 +471,7 @@ class Project:
             "deterministic": self.config["deterministic"],
             "threads": self.config["threads"],
             "corrupt_images": self.config["data"]["corrupt_images"],
-            "jpeg_draft": self.config["data"]["jpeg_draft"],
+            "jpeg_draft": draft,
         }
         run["config_hash"] = hash_obj(run)
         return run
