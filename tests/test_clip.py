@@ -549,6 +549,23 @@ def test_paper_protocol_reads_the_authors_data_and_pixels():
     assert proj.config["data"]["jpeg_draft"] == "auto"
 
 
+def test_tables_with_centralized_name_its_budget_per_round_in_the_caption():
+    """FACMIC Table 2 / 5: Centralized (the code's ``SkinCen``, one training client) takes one client's 199 steps
+    per round on BT and SC, 1/3 of the federation's; the caption says so, from the run's own ``budget``."""
+    from parity.harness import project
+
+    from fedrepro.report.item import ReportItem
+    from fedrepro.report.tables import method_notes
+
+    proj = project()
+    for table in ("table2", "table5"):
+        assert method_notes(ReportItem(proj, "clean", "facmic", "tables", table)) == [
+            "Centralized trains one client's local work per round on the pooled data: with a fixed number of local "
+            "steps that is 1/K of the federation's gradient steps (K clients); with local epochs, one epoch over the "
+            "pooled data."]
+    assert method_notes(ReportItem(proj, "clean", "facmic", "tables", "table3")) == []
+
+
 def test_cached_features_and_the_uncached_encoder_give_the_same_facmic_round(demo_data, tiny):
     from fedrepro.data.manifest import read_manifest
     from fedrepro.data.partition import make_split

@@ -111,6 +111,12 @@ class FederatedMethod(ABC):
         return self.compute.batch(batch)
 
     @classmethod
+    def caption_note(cls, params: dict) -> str | None:
+        """What a table's caption says about a row or column of this method run with ``params``: a choice its
+        readers need to read the numbers (e.g. Centralized's budget per round), or None."""
+        return None
+
+    @classmethod
     def reads_target(cls, params: dict) -> bool:
         """Whether training with ``params`` reads the unlabeled target set (``fed.reference``: the
         domain-adaptation methods). The configuration check asks, before any job, because under the
