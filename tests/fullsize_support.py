@@ -251,7 +251,7 @@ def _measure(run: dict, depth: int | None, threads: int) -> dict:
             from fedrepro.features import build_feature_cache
 
             build_feature_cache(Path(run["paths"]["manifest"]), Path(run["paths"]["raw_dir"]),
-                                list(dataset(run["dataset"]).classes), run["features"]["encoder"],
+                                list(dataset(run["dataset"]).class_texts), run["features"]["encoder"],
                                 Path(run["paths"]["features"]), torch.device(run["device"]))
         train.method_class = capturing
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -124,7 +125,7 @@ def bt2(raw: Path) -> Expected:
              "Training/notumor/Tr-no_0011.jpg", "Training/pituitary/Tr-pi_0010.jpg", "Testing/glioma/Te-gl_0010.jpg",
              "Testing/notumor/Te-no_0010.jpg"]
     downloads(raw, "bt2", "brain-tumor-mri-dataset.zip",
-              zip_bytes({path: image_bytes("JPEG", 30 * i, mode="L") for i, path in enumerate(files)}))
+              zip_bytes({path: image_bytes("JPEG", 30 * i + 15, mode="L") for i, path in enumerate(files)}))  # no BT shade
     return Expected(classes={"glioma_tumor": 2, "meningioma_tumor": 1, "no_tumor": 3, "pituitary_tumor": 1},
                     splits={"train": 5, "test": 2}, split=iid(global_test="official"), clients=2)
 
@@ -134,6 +135,24 @@ def bt_bt2(raw: Path) -> Expected:
     bt(raw), bt2(raw)
     return Expected(classes={"glioma_tumor": 5, "meningioma_tumor": 3, "no_tumor": 5, "pituitary_tumor": 3},
                     sources={"": 9, "bt2": 7}, depends_on=("bt", "bt2"),
+                    split=iid(global_test="official", external={"sources": ["bt2"]}), clients=2)
+
+
+@layout("bt_bt2_disjoint")
+def bt_bt2_disjoint(raw: Path) -> Expected:
+    bt(raw), bt2(raw)
+    # one BT2 image is a copy of a BT image (SARTAJ is in both): the clean variant leaves it out of BT2
+    copy = raw / "bt" / "downloads" / "copy.jpg"
+    with zipfile.ZipFile(raw / "bt" / "downloads" / "brain-tumor-classification-mri.zip") as z:
+        copy.write_bytes(z.read("Training/no_tumor/image (1).jpg"))
+    members = {}
+    with zipfile.ZipFile(raw / "bt2" / "downloads" / "brain-tumor-mri-dataset.zip") as z:
+        members = {name: z.read(name) for name in z.namelist()}
+    members["Training/notumor/Tr-no_0011.jpg"] = copy.read_bytes()
+    copy.unlink()
+    downloads(raw, "bt2", "brain-tumor-mri-dataset.zip", zip_bytes(members))
+    return Expected(classes={"glioma_tumor": 5, "meningioma_tumor": 3, "no_tumor": 4, "pituitary_tumor": 3},
+                    sources={"": 9, "bt2": 6}, depends_on=("bt", "bt2"),
                     split=iid(global_test="official", external={"sources": ["bt2"]}), clients=2)
 
 
@@ -214,6 +233,18 @@ def skin_real(raw: Path) -> Expected:
     # ISIC_0000013 and the HAM images ISIC_0024306 / ISIC_0031633 -> 14
     return Expected(classes={"AK": 2, "BCC": 3, "DF": 3, "MEL": 7, "NV": 10, "PBK": 2, "VL": 3},
                     sources={"sc9": 9, "ham10000": 7, "isic2019": 14}, depends_on=("sc9", "ham10000", "isic2019"),
+                    split={"kind": "by_source", "sources": ["sc9", "isic2019", "ham10000"],
+                           "ratios": {"train": 0.8, "val": 0.0, "test": 0.2}, "global_test": "official"}, clients=3)
+
+
+@layout("skin_real_overlap")
+def skin_real_overlap(raw: Path) -> Expected:
+    sc9(raw), ham10000(raw), isic2019(raw)
+    # as the papers built it: every source keeps the images another source has too (no de-duplication),
+    # so HAM10000 keeps ISIC_0025780 (8, an AK also in sc9) and ISIC 2019 keeps ISIC_0000013 and the two HAM
+    # images (17 without SCC)
+    return Expected(classes={"AK": 3, "BCC": 3, "DF": 3, "MEL": 7, "NV": 11, "PBK": 3, "VL": 4},
+                    sources={"sc9": 9, "ham10000": 8, "isic2019": 17}, depends_on=("sc9", "ham10000", "isic2019"),
                     split={"kind": "by_source", "sources": ["sc9", "isic2019", "ham10000"],
                            "ratios": {"train": 0.8, "val": 0.0, "test": 0.2}, "global_test": "official"}, clients=3)
 

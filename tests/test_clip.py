@@ -243,9 +243,49 @@ def test_facmic_round_weights_clients_by_size_and_needs_a_target_set():
     assert set(updates[0].payload) == set(method.server.state_dict())         # the whole FAM, BN statistics too
     with pytest.raises(ValueError, match="reference_fraction"):
         _method("facmic", fed=_federation(reference=0))
-    _method("facmic", params={"lambda_da": 0}, fed=_federation(reference=0))  # without L_DA no target is needed
+    with pytest.raises(ValueError, match="reference_fraction"):          # without L_DA the target still passes
+        _method("facmic", params={"lambda_da": 0}, fed=_federation(reference=0))
+    _method("facmic", params={"lambda_da": 0, "target_pass": False}, fed=_federation(reference=0))
     with pytest.raises(ValueError, match="clip_fam or clip_fam_images"):
         _method("facmic", family="clip_adapter")
+
+
+@pytest.mark.parametrize("paper, variant", [("facmic", "facmic_no_da"), ("faa_clip", "faa_no_da")])
+def test_without_da_the_target_batch_still_moves_the_batchnorm_statistics(paper, variant, tmp_path, monkeypatch):
+    """FACMIC Table 3 "without" and FAA-CLIP Table VII / Fig. 6 "w/o DA" as the authors' code gives them with a
+    zero DA weight (AIPMLab/FACMIC ``utils/training.py::train``, ``--method ours``: the target batch goes
+    through ``model.fea_attn`` in training mode to make the pseudo-labels, before ``loss = cla_loss +
+    loss_m``; AIPMLab/FAA-CLIP the same function: the ``no_grad`` target pass that feeds D, before ``loss =
+    cla_loss + 0.5 * loss_m``): driven through the engine on a target moved far away, every local step sends
+    one source and one target batch through the FAM's BatchNorm in training mode, and its running statistics
+    differ from those of the no-pass option (``target_pass: false``), which sends the source batch only."""
+    from parity.harness import drive, feature_federation, paper_run, shifted_reference
+
+    calls = []
+    forward = torch.nn.BatchNorm1d.forward
+
+    def spy(self, x):
+        if self.training:
+            calls.append(float(x.detach().abs().mean()))
+        return forward(self, x)
+
+    monkeypatch.setattr(torch.nn.BatchNorm1d, "forward", spy)
+    steps, running = 3, {}
+    for target_pass in (True, False):
+        run = paper_run(paper, variant, train={"rounds": 1, "local": {"steps": steps}, "batch_size": 4},
+                        params={"target_pass": target_pass})
+        assert run["algorithm"]["params"]["lambda_da"] == 0
+        fed = feature_federation()
+        shifted_reference(fed, 12, torch.full((16,), 30.0))
+        calls.clear()
+        driven = drive(run, fed, tmp_path / str(target_pass))
+        far = sum(c > 5.0 for c in calls)              # the FAM's first layer maps the far target far away
+        source = steps * len(fed.clients)
+        assert (len(calls), far) == ((2 * source, source) if target_pass else (source, 0)), (target_pass, calls)
+        assert driven.method.reads_target(run["algorithm"]["params"]) is target_pass
+        running[target_pass] = {k: v for k, v in driven.method.server.state_dict().items()
+                                if "running_mean" in k and "discriminator" not in k}   # FAA-CLIP's D: unused without DA
+    assert running[True] and all(not torch.allclose(running[True][k], running[False][k]) for k in running[True])
 
 
 def test_full_batch_weights_count_the_samples_each_client_trains_on():
@@ -388,8 +428,12 @@ def demo_data(tmp_path_factory, demo_raw):
     return root
 
 
-def test_bt_bt2_adds_all_of_bt2_as_an_external_source(tmp_path):
-    """FACMIC's transfer dataset, from tiny folders in the two Kaggle layouts."""
+def test_bt_bt2_adds_bt2_as_an_external_source_and_the_clean_variant_drops_its_copies_of_bt(tmp_path):
+    """FACMIC's transfer dataset, from tiny folders in the two Kaggle layouts. BT2 (Nickparvar) = figshare +
+    SARTAJ + Br35H, and SARTAJ is BT: ``bt_bt2`` (the paper protocol's) keeps all of BT2, ``bt_bt2_disjoint``
+    (clean) leaves out BT2's images with the same pixels as a BT image, whatever their file name or format."""
+    import shutil
+
     from PIL import Image
 
     from fedrepro.data.manifest import write_manifest
@@ -398,18 +442,128 @@ def test_bt_bt2_adds_all_of_bt2_as_an_external_source(tmp_path):
 
     raw, manifests = tmp_path / "raw", tmp_path / "manifests"
     folders = {"bt": ("glioma_tumor", "no_tumor"), "bt2": ("glioma", "notumor", "pituitary")}
+    rng = np.random.default_rng(0)
     for source, classes in folders.items():
         for split in ("Training", "Testing"):
             for name in classes:
                 (raw / source / split / name).mkdir(parents=True)
-                Image.new("RGB", (8, 8)).save(raw / source / split / name / f"{split}-{name}.jpg")
+                pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(raw / source / split / name / f"{split}-{name}.png")
+    # BT2's copies of BT images under other names: one the same file, one re-saved in another format
+    shutil.copy(raw / "bt/Training/glioma_tumor/Training-glioma_tumor.png", raw / "bt2/Training/glioma/Tr-gl_0001.png")
+    Image.open(raw / "bt/Testing/no_tumor/Testing-no_tumor.png").save(raw / "bt2/Testing/notumor/Te-no_0001.bmp")
+    for source in folders:
         write_manifest(manifests / f"{source}.csv", prepare_dataset(dataset(source), raw))
     frame = prepare_dataset(dataset("bt_bt2"), raw, manifests)
-    assert len(frame) == 10 and frame["source"].value_counts().to_dict() == {"bt2": 6, "": 4}
+    assert len(frame) == 12 and frame["source"].value_counts().to_dict() == {"bt2": 8, "": 4}
     bt2 = frame[frame["source"] == "bt2"]
     assert set(bt2["class_name"]) == {"glioma_tumor", "no_tumor", "pituitary_tumor"}
     assert bt2["path"].str.startswith("bt2/").all() and set(bt2["split"]) == {"train", "test"}
     assert (frame["label"] == frame["class_name"].map(dataset("bt_bt2").classes.index)).all()
+    disjoint = prepare_dataset(dataset("bt_bt2_disjoint"), raw, manifests)
+    assert disjoint["source"].value_counts().to_dict() == {"bt2": 6, "": 4}
+    assert set(frame["path"]) - set(disjoint["path"]) == {"bt2/Training/glioma/Tr-gl_0001.png",
+                                                          "bt2/Testing/notumor/Te-no_0001.bmp"}
+
+
+def test_clip_prompts_say_the_class_folder_names_the_authors_loaders_read():
+    """FACMIC's and FAA-CLIP's ``utils/prepare_data_dg_clip.py::ImageTextData`` prompts with "a picture of a" + the
+    ImageFolder class, i.e. the class folder name: for the Kaggle SC sets (FACMIC SC and Real, FAA-CLIP SC) the
+    folder names ("actinic keratosis", ...), not our short labels; BT's (glioma_tumor, ..., as the authors'
+    README lists them), OfficeHome's, Modern Office-31's and HyperKvasir's class names are their folder names."""
+    from fedrepro.data.datasets.skin import SC9_FOLDERS
+    from fedrepro.registry import dataset
+
+    folders = {short: folder for folder, short in SC9_FOLDERS.items()}
+    assert dataset("sc9").class_texts == tuple(folders[c] for c in dataset("sc9").classes)
+    assert dataset("sc9").class_texts[0] == "actinic keratosis"
+    for name in ("skin_real", "skin_real_overlap"):
+        spec = dataset(name)
+        assert spec.class_texts == ("actinic keratosis", "basal cell carcinoma", "dermatofibroma", "melanoma", "nevus",
+                                    "pigmented benign keratosis", "vascular lesion"), name
+    for name in ("bt", "bt_bt2", "bt_bt2_disjoint", "officehome", "modern_office31", "hyperkvasir"):
+        assert dataset(name).class_texts == dataset(name).classes, name
+    assert dataset("bt").class_texts == ("glioma_tumor", "meningioma_tumor", "no_tumor", "pituitary_tumor")
+
+
+def test_training_job_prompts_with_the_class_texts_and_records_the_run_variant(tmp_path, monkeypatch):
+    """The real jobs (features, train) on the tiny grid: the feature cache encodes the dataset's class texts,
+    the run manifest records them (with their hash), the dataset and its options, the split and the precision,
+    and a cache encoded with other texts is refused by name."""
+    import dataclasses
+    import hashlib
+
+    from infra_support import build_tiny_inputs, with_rounds
+
+    from fedrepro.registry import DATASETS
+    from fedrepro.train import InputMismatch, train_run
+
+    entry = DATASETS.get("demo_bt")
+
+    def with_texts(words):
+        spec = dataclasses.replace(entry.obj, class_text={c: f"{words} {c}" for c in entry.obj.classes})
+        monkeypatch.setitem(DATASETS._entries, "demo_bt", dataclasses.replace(entry, obj=spec))
+        return list(spec.class_texts)
+
+    texts = with_texts("folder of")
+    monkeypatch.chdir(tmp_path)
+    run = with_rounds(build_tiny_inputs(tmp_path), 1)
+    assert torch.load(run["paths"]["features"], weights_only=False)["class_names"] == texts
+    train_run(run, "out", "ckpt")
+    variant = json.loads((tmp_path / "out/run_manifest.json").read_text())["variant"]
+    assert variant["class_texts"] == {"texts": texts, "sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest()}
+    assert variant["dataset"] == {"name": "demo_bt", "options": entry.obj.options}
+    assert variant["split"]["id"] == run["split_id"] and variant["split"]["spec"]["kind"] == "iid"
+    assert variant["precision"] == "fp32" and variant["jpeg_draft"] is True
+    with_texts("another folder of")
+    with pytest.raises(InputMismatch, match="forcerun features"):
+        train_run(run, "out2", "ckpt2")
+
+
+def test_paper_protocol_reads_the_authors_data_and_pixels():
+    """The paper protocol trains on the data the authors' loaders read: the skin set whose ISIC 2019 client
+    keeps its HAM10000 and Kaggle SC images (FACMIC Real / FAA-CLIP SC: 19,766 ISIC images in Table 1 /
+    Table I), BT2 with BT's SARTAJ images (FACMIC Table 5), and full-resolution JPEG decodes (torchvision's
+    ``datasets.ImageFolder`` + PIL, ``utils/prepare_data_dg_clip.py``); clean de-duplicates and may draft.
+    The split, its file and the tables' split counts follow the protocol's dataset."""
+    from parity.harness import project
+
+    from fedrepro.paths import RunKey
+    from fedrepro.report.item import ReportItem
+
+    proj = project()
+    cases = {("facmic", "real", "facmic"): ("skin_real", "skin_real_overlap"),
+             ("faa_clip", "sc", "faa_clip"): ("skin_real", "skin_real_overlap"),
+             ("facmic", "bt_iid", "facmic"): ("bt_bt2_disjoint", "bt_bt2")}
+    for (paper, setting, method), datasets in cases.items():
+        for protocol, expected in zip(("clean", "paper"), datasets):
+            run = proj.run_config(RunKey(paper, protocol, setting, method, 0))
+            assert run["dataset"] == expected and run["paths"]["manifest"].endswith(f"/{expected}.csv")
+            assert run["split_id"].startswith(f"{expected}-") and run["split_id"] in run["paths"]["split"]
+            assert ReportItem(proj, protocol, paper, "tables", "table2").split_id(setting, 0) == run["split_id"]
+            assert run["jpeg_draft"] is (protocol == "clean")
+            assert ("-full-" in run["features"]["key"]) is (protocol == "paper")
+    for protocol in ("clean", "paper"):
+        images = proj.run_config(RunKey("facmic", protocol, "real", "fedavg", 0))["paths"]["images"]
+        assert images and all(path.endswith("-full.u8") is (protocol == "paper") for path in images.values())
+    assert proj.config["data"]["jpeg_draft"] == "auto"
+
+
+def test_tables_with_centralized_name_its_budget_per_round_in_the_caption():
+    """FACMIC Table 2 / 5: Centralized (the code's ``SkinCen``, one training client) takes one client's 199 steps
+    per round on BT and SC, 1/3 of the federation's; the caption says so, from the run's own ``budget``."""
+    from parity.harness import project
+
+    from fedrepro.report.item import ReportItem
+    from fedrepro.report.tables import method_notes
+
+    proj = project()
+    for table in ("table2", "table5"):
+        assert method_notes(ReportItem(proj, "clean", "facmic", "tables", table)) == [
+            "Centralized trains one client's local work per round on the pooled data: with a fixed number of local "
+            "steps that is 1/K of the federation's gradient steps (K clients); with local epochs, one epoch over the "
+            "pooled data."]
+    assert method_notes(ReportItem(proj, "clean", "facmic", "tables", "table3")) == []
 
 
 def test_cached_features_and_the_uncached_encoder_give_the_same_facmic_round(demo_data, tiny):

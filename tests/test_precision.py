@@ -218,3 +218,150 @@ def test_training_job_records_precision_in_the_manifest(tmp_path):
             assert manifest["execution"]["channels_last"] is False
             assert manifest["execution"]["num_workers"] == manifest["config"]["train"]["num_workers"]
             assert not (tmp_path / precision / "ckpt/clients").exists()     # per-client files go with resume.pt
+
+
+# ---- fp16_weights: the FACMIC / FAA-CLIP authors' fp16 fine-tuning of CLIP -----------------------
+
+class ClipParts(torch.nn.Module):
+    """One of each kind of parameter a CLIP has: linear, attention, LayerNorm, embedding, the ``proj`` and
+    ``text_projection`` matrices, the logit scale."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.embed = torch.nn.Embedding(10, 16)
+        self.attn = torch.nn.MultiheadAttention(16, 2)
+        self.norm = torch.nn.LayerNorm(16)
+        self.mlp = torch.nn.Linear(16, 16)
+        self.proj = torch.nn.Parameter(torch.randn(16, 8, generator=gen))
+        self.text_projection = torch.nn.Parameter(torch.randn(16, 8, generator=gen))
+        with torch.no_grad():         # weights of CLIP's scale (biases included), LayerNorm around 1
+            for p in self.parameters():
+                p.normal_(0.0, 1.0, generator=gen)
+            self.norm.weight.normal_(1.0, 0.5, generator=gen)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(4.6052))
+
+
+def authors_convert_weights(model: torch.nn.Module) -> None:
+    """openai/CLIP ``clip/model.py::convert_weights`` (called by ``clip.load`` on a GPU and, in FACMIC's and
+    FAA-CLIP's ``utils/training.py::train``, after every optimizer step of FedAVG, FedProx, MOON, FedFocal):
+    .half() on the weight and bias of Conv1d/Conv2d/Linear, the in/q/k/v projections and biases of
+    MultiheadAttention, and the ``text_projection`` / ``proj`` attributes; written independently."""
+    for module in model.modules():
+        names = []
+        if isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Linear)):
+            names = ["weight", "bias"]
+        if isinstance(module, torch.nn.MultiheadAttention):
+            names = ["in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v"]
+        for name in names + ["text_projection", "proj"]:
+            tensor = getattr(module, name, None)
+            if isinstance(tensor, torch.Tensor):
+                tensor.data = tensor.data.half()
+
+
+def authors_convert_models_to_fp32(model: torch.nn.Module) -> None:
+    """AIPMLab/FACMIC (and FAA-CLIP) ``utils/clip_util.py::convert_models_to_fp32``: every parameter and its
+    gradient cast to fp32 in place, right before ``optimizer.step()``."""
+    for p in model.parameters():
+        p.data = p.data.float()
+        if p.grad is not None:
+            p.grad.data = p.grad.data.float()
+
+
+def test_fp16_weights_steps_as_the_authors_loop_and_damps_small_updates():
+    """Adam (the papers' lr 5e-5, betas (0.9, 0.98), eps 1e-6, wd 0.02) on the same gradients: the authors'
+    loop (fp16 weights and fp16 gradients, convert_models_to_fp32, step, convert_weights) and ours
+    (fp32 storage, ``Compute.keep_fp16_weights``) hold the same values after every step. Updates below half
+    an fp16 step are lost: most fp16 weights never move, where fp32 training moves every one of them;
+    LayerNorm, embeddings and the logit scale stay fp32 and do move."""
+    from fedrepro.device import fp16_weight_parameters
+    from fedrepro.fl.local import make_optimizer
+
+    cfg = {"name": "adam", "lr": 5e-5, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.02, "fused": True}
+    start = ClipParts()
+    reference = copy.deepcopy(start)
+    authors_convert_weights(reference)
+    reference_opt = torch.optim.Adam(reference.parameters(), lr=5e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.02)
+    ours = copy.deepcopy(start)
+    compute = Compute(CPU, "fp16_weights")
+    compute.round_weights(ours)
+    ours_opt = make_optimizer(ours.parameters(), cfg)
+    compute.keep_fp16_weights(ours_opt, ours)
+    fp32 = copy.deepcopy(start)
+    fp32_opt = make_optimizer(fp32.parameters(), cfg)
+    halves = {name for name, p in reference.named_parameters() if p.dtype == torch.float16}
+    assert halves == {name for name, p in ours.named_parameters() if any(p is q for q in fp16_weight_parameters(ours))}
+    assert halves >= {"mlp.weight", "attn.in_proj_weight", "attn.out_proj.weight", "proj", "text_projection"}
+    assert not halves & {"norm.weight", "embed.weight", "logit_scale"}
+
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        grads = {name: torch.randn(p.shape, generator=gen) * 1e-2 for name, p in start.named_parameters()}
+        for name, p in reference.named_parameters():
+            p.grad = grads[name].to(p.dtype)                  # an fp16 weight's gradient is fp16
+        authors_convert_models_to_fp32(reference)
+        reference_opt.step()
+        authors_convert_weights(reference)
+        for model, opt in ((ours, ours_opt), (fp32, fp32_opt)):
+            for name, p in model.named_parameters():
+                p.grad = grads[name].half().float() if name in halves else grads[name].clone()
+            opt.step()
+        for name, p in ours.named_parameters():
+            expected = dict(reference.named_parameters())[name].float()
+            assert torch.allclose(p, expected, rtol=0, atol=1e-7 if name not in halves else 0), name
+
+    for name, p in ours.named_parameters():
+        before = dict(start.named_parameters())[name]
+        if name in halves:
+            moved32 = (dict(fp32.named_parameters())[name] != before.half().float()).float().mean()
+            moved16 = (p != before.half().float()).float().mean()
+            assert moved32 > 0.95 and moved16 < 0.5, (name, float(moved16), float(moved32))
+        else:
+            assert (p != before).float().mean() > 0.95, name
+
+
+def test_fp16_weights_through_the_engine_rounds_every_client_update(tmp_path):
+    """FAA-CLIP's FedAVG on the tiny CLIP: what every client uploads and the server's average hold fp16
+    values in their fp16 weights, LayerNorm stays fp32, and the run differs from fp32 training."""
+    from parity.harness import UpdateLog, drive, image_federation, paper_run
+
+    from fedrepro.device import fp16_weight_parameters
+
+    run = paper_run("faa_clip", "fedavg", protocol="paper", train={"rounds": 1, "local": {"steps": 2}, "batch_size": 4})
+    fed = image_federation(size=64, classes=3, sizes=(4, 4, 4))
+    driven32 = drive(run, fed, tmp_path / "fp32")
+    run["train"]["precision"] = "fp16_weights"          # the harness pins fp32
+    log = UpdateLog()
+    driven = drive(run, fed, tmp_path / "fp16w", observe=log.attach)
+    server = driven.method.server
+    names = {id(p): n for n, p in server.named_parameters()}
+    halves = [names[id(p)] for p in fp16_weight_parameters(server)]
+    assert halves and "logit_scale" not in halves
+    norms = [n for n in names.values() if n not in halves and ".ln" in n]
+    for entry in log.entries:
+        for name in halves:
+            sent = entry["payload"][name]
+            assert torch.equal(sent, sent.half().float()), (entry["client"], name)
+    state = server.state_dict()
+    assert all(torch.equal(state[n], state[n].half().float()) for n in halves)
+    assert any(not torch.equal(state[n], state[n].half().float()) for n in norms)
+    assert any(not torch.equal(state[n], driven32.method.server.state_dict()[n]) for n in halves)
+
+
+def test_paper_protocol_computes_at_the_authors_precision():
+    """The paper protocol: fp16_weights for the full fine-tuning baselines of FACMIC and FAA-CLIP (the rows
+    whose code loop calls convert_models_to_fp32 / clip.model.convert_weights: AIPMLab/FACMIC and
+    AIPMLab/FAA-CLIP ``utils/training.py::train``, methods fedavg, fedprox, moon, fedfocal; Centralized is
+    FACMIC's fedavg loop on pooled data), fp32 for everything else (no AMP in any of the five papers' code);
+    the clean protocol keeps auto."""
+    from parity.harness import project
+
+    proj = project()
+    fp16_rows = {"facmic": {"centralized", "fedavg", "fedprox", "moon", "fedfocal"},
+                 "faa_clip": {"fedavg", "fedprox", "moon"}}
+    for paper, grid in proj.papers.items():
+        setting = next(iter(grid["settings"]))
+        for method in grid["methods"]:
+            expected = "fp16_weights" if method in fp16_rows.get(paper, ()) else "fp32"
+            assert proj.train_config(paper, setting, method, "paper")["precision"] == expected, (paper, method)
+            assert proj.train_config(paper, setting, method, "clean")["precision"] == "auto", (paper, method)

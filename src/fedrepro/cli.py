@@ -91,7 +91,7 @@ def cmd_features(args) -> None:
 
     configure_determinism(True)
     seed_global(0, "init")  # random-init encoders (tests, demo) must be the same in every job
-    build_feature_cache(Path(args.manifest), Path(args.raw_dir), list(dataset(args.dataset).classes),
+    build_feature_cache(Path(args.manifest), Path(args.raw_dir), list(dataset(args.dataset).class_texts),
                         json.loads(args.encoder), Path(args.out), resolve_device(args.device),
                         workers=resolve_workers(args.workers), draft=args.jpeg_draft == "true", precision=args.precision)
 

@@ -154,6 +154,9 @@ def deep_merge(base: dict, override: dict | None) -> dict:
 
 
 PROTOCOLS = ("clean", "paper")
+# the paper protocol computes as the authors did: fp32 unless a paper file names the authors' own precision
+# for a method (protocols: {paper: {train: {precision: ...}}}, e.g. FACMIC's and FAA-CLIP's fp16_weights)
+PAPER_PRECISION = "fp32"
 
 
 class Project:
@@ -196,14 +199,17 @@ class Project:
     def _check_paper(self, paper: dict, where: str) -> None:
         from .registry import DATASETS, FIGURE_KINDS, METHODS, TABLE_KINDS
 
+        split_schema = {"$defs": _schema(str(self.root.resolve()), "paper.schema.yaml")["$defs"], "$ref": "#/$defs/split"}
         for name, setting in paper["settings"].items():
             check_choice(setting["dataset"], DATASETS.names(), f"{where}: settings/{name}/dataset")
             for protocol, override in setting.get("protocols", {}).items():
-                key = f"{where}: settings/{name}/protocols/{protocol}/dataset"
-                check_choice(override["dataset"], DATASETS.names(), key)
-                if DATASETS.get(override["dataset"]).obj.classes != DATASETS.get(setting["dataset"]).obj.classes:
-                    raise ConfigError(f"{key}: {override['dataset']!r} has other classes than {setting['dataset']!r}; "
+                at = f"{where}: settings/{name}/protocols/{protocol}"
+                dataset = override.get("dataset", setting["dataset"])
+                check_choice(dataset, DATASETS.names(), f"{at}/dataset")
+                if DATASETS.get(dataset).obj.classes != DATASETS.get(setting["dataset"]).obj.classes:
+                    raise ConfigError(f"{at}/dataset: {dataset!r} has other classes than {setting['dataset']!r}; "
                                       f"a setting reads datasets of the same classes under every protocol")
+                validate(deep_merge(setting["split"], override.get("split")), split_schema, f"{at}/split")
         for name, variant in paper["methods"].items():
             algorithm = variant.get("method", name)
             check_choice(algorithm, METHODS.names(), f"{where}: methods/{name}/method")
@@ -264,7 +270,7 @@ class Project:
             if rule in TEST_RULES:
                 asks.append(f"selection rule {rule!r} picks the reported round on the test set")
             algorithm = self.papers[paper]["methods"][method].get("method", method)
-            split = self.papers[paper]["settings"][setting]["split"]
+            split = self.setting(paper, setting, "clean")["split"]
             if (METHODS.get(algorithm).obj.reads_target(self.method_params(paper, method, "clean"))
                     and float(split.get("reference_fraction", 0)) <= 0):
                 asks.append("its domain-adaptation target would be the global test set (the split has no "
@@ -317,6 +323,8 @@ class Project:
         p = self.papers[paper]
         train = deep_merge(deep_merge(p["defaults"], p["settings"][setting].get("train")), p["methods"][method].get("train"))
         train = deep_merge(train, self.protocol_override(paper, method, protocol).get("train"))
+        if protocol == "paper":
+            train.setdefault("precision", PAPER_PRECISION)
         where = f"{paper}: settings/{setting} x methods/{method}: train"
         missing = [k for k in ("rounds", "batch_size", "model", "optimizer") if k not in train]
         if missing:
@@ -328,26 +336,24 @@ class Project:
         schema = _schema(str(self.root.resolve()), "paper.schema.yaml")
         return validate(train, {"$defs": schema["$defs"], **schema["$defs"]["resolved_train"]}, where)
 
-    def split_seed(self, paper: str, setting: str, seed: int) -> int:
-        value = self.papers[paper]["settings"][setting]["split"].get("seed", 0)
+    def setting(self, paper: str, setting: str, protocol: str = "clean") -> dict:
+        """The setting as runs of ``protocol`` read it: its ``protocols: {<protocol>: {dataset, split}}`` merged
+        in (e.g. the paper protocol's skin set with the sources' overlap, as the authors built it)."""
+        s = self.papers[paper]["settings"][setting]
+        override = s.get("protocols", {}).get(self.protocol(paper, setting, protocol), {})
+        return {**s, "dataset": override.get("dataset", s["dataset"]), "split": deep_merge(s["split"], override.get("split"))}
+
+    def split_seed(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> int:
+        value = self.setting(paper, setting, protocol)["split"].get("seed", 0)
         return seed if value == "run" else int(value)
 
-    def setting_dataset(self, paper: str, setting: str, protocol: str | None = None) -> str:
-        """The dataset ``setting`` reads when built for ``protocol``: its ``dataset``, or the one its
-        ``protocols: {<protocol>: {dataset}}`` names (FedIIC's ICH under paper: the authors' images)."""
-        s = self.papers[paper]["settings"][setting]
-        if protocol is None:
-            return s["dataset"]
-        return s.get("protocols", {}).get(self.protocol(paper, setting, protocol), {}).get("dataset", s["dataset"])
-
-    def split_id(self, paper: str, setting: str, seed: int, protocol: str | None = None) -> str:
-        s = self.papers[paper]["settings"][setting]
-        dataset = self.setting_dataset(paper, setting, protocol)
+    def split_id(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> str:
+        s = self.setting(paper, setting, protocol)
         spec = {k: v for k, v in s["split"].items() if k != "seed"}
-        split_seed = self.split_seed(paper, setting, seed)
+        split_seed = self.split_seed(paper, setting, seed, protocol)
         alpha = f"-a{spec['alpha']:g}" if "alpha" in spec else ""
         clients = f"-c{spec['clients']}" if "clients" in spec else ""
-        return f"{dataset}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([dataset, spec], 6)}"
+        return f"{s['dataset']}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([s['dataset'], spec], 6)}"
 
     def count_settings(self, paper: str, kind: str, name: str) -> list[str]:
         """Settings whose split count files a table (``kind="tables"``) or figure reads directly."""
@@ -365,30 +371,37 @@ class Project:
                                for protocol in self.protocols]
         out = {}
         for paper_name, setting, run_seed, protocol in needed:
-            s = self.papers[paper_name]["settings"][setting]
+            s = self.setting(paper_name, setting, protocol)
             out[self.split_id(paper_name, setting, run_seed, protocol)] = {
-                "dataset": self.setting_dataset(paper_name, setting, protocol),
+                "dataset": s["dataset"],
                 "spec": {k: v for k, v in s["split"].items() if k != "seed"},
-                "seed": self.split_seed(paper_name, setting, run_seed),
+                "seed": self.split_seed(paper_name, setting, run_seed, protocol),
             }
         return out
 
-    def features_key(self, model: dict) -> str | None:
+    def jpeg_draft(self, protocol: str) -> bool:
+        """Whether runs of ``protocol`` decode large JPEGs with DCT scaling (``data.jpeg_draft``; auto = not
+        under the paper protocol, whose pixels are the authors')."""
+        setting = self.config["data"]["jpeg_draft"]
+        return protocol != "paper" if setting == "auto" else bool(setting)
+
+    def features_key(self, model: dict, draft: bool) -> str | None:
         if input_kind(model["family"]) != "features":
             return None
         enc = model.get("encoder", {})
         size = f"-{enc['image_size']}px" if enc.get("image_size") else ""
         tag = re.sub(r"[^A-Za-z0-9.]+", "_", Path(enc["pretrained"]).stem if "/" in enc["pretrained"] else enc["pretrained"])
-        full = "" if self.config["data"]["jpeg_draft"] else "-full"   # images decoded without JPEG DCT scaling
+        full = "" if draft else "-full"   # images decoded without JPEG DCT scaling
         return f"{enc['name']}-{tag}-{enc['preprocess']}{size}{full}-{hash_obj(enc, 6)}"
 
     def features(self) -> dict[tuple[str, str], dict]:
-        """(dataset, features key) -> encoder spec, for every feature cache some run needs."""
+        """(dataset, features key) -> {"encoder": spec, "jpeg_draft": bool}, for every feature cache some run needs."""
         out = {}
         for key in self.runs():
             run = self.run_config(key)
             if run["features"]:
-                out[(run["dataset"], run["features"]["key"])] = run["features"]["encoder"]
+                out[(run["dataset"], run["features"]["key"])] = {"encoder": run["features"]["encoder"],
+                                                                 "jpeg_draft": run["jpeg_draft"]}
         return out
 
     def weights(self) -> dict:
@@ -400,18 +413,18 @@ class Project:
         out = {}
         for key in self.runs():
             out.update((spec.id, spec) for spec in weight_specs(self.run_config(key)["train"]["model"]))
-        for encoder in self.features().values():
-            out.update((spec.id, spec) for spec in encoder_weights(encoder))
+        for job in self.features().values():
+            out.update((spec.id, spec) for spec in encoder_weights(job["encoder"]))
         return dict(sorted(out.items()))
 
-    def image_cache_paths(self, dataset: str, model: dict) -> dict[str, str] | None:
+    def image_cache_paths(self, dataset: str, model: dict, draft: bool) -> dict[str, str] | None:
         """{"train": file, "eval": file} of the decode-once image caches an image run reads (None for
         runs on cached features, or with ``data.image_cache: false``)."""
         if input_kind(model["family"]) == "features" or not self.config["data"]["image_cache"]:
             return None
         from .models.decoding import decode_specs
 
-        specs = decode_specs(model, draft=self.config["data"]["jpeg_draft"])
+        specs = decode_specs(model, draft=draft)
         return {part: paths.image_cache(dataset, spec.key) for part, spec in specs.items()}
 
     def image_caches(self) -> dict[str, dict]:
@@ -431,19 +444,19 @@ class Project:
 
     def _resolve_run_config(self, key: RunKey) -> dict:
         paper = self.papers[key.paper]
-        setting = paper["settings"][key.setting]
+        setting = self.setting(key.paper, key.setting, key.protocol)
         variant = paper["methods"][key.method]
         train = self.train_config(key.paper, key.setting, key.method, key.protocol)
-        features_key = self.features_key(train["model"])
+        draft = self.jpeg_draft(key.protocol)
+        features_key = self.features_key(train["model"], draft)
         split_id = self.split_id(key.paper, key.setting, key.seed, key.protocol)
-        dataset = self.setting_dataset(key.paper, key.setting, key.protocol)
         run = {
             "paper": key.paper,
             "setting": key.setting,
             "method": key.method,
             "seed": key.seed,
             "protocol": key.protocol,
-            "dataset": dataset,
+            "dataset": setting["dataset"],
             "algorithm": {"name": variant.get("method", key.method), "params": self.method_params(key.paper, key.method, key.protocol)},
             "train": train,
             "input": input_kind(train["model"]["family"]),
@@ -451,10 +464,10 @@ class Project:
             "features": {"key": features_key, "encoder": train["model"].get("encoder", {})} if features_key else None,
             "paths": {
                 "raw_dir": self.config["data"]["raw_dir"],
-                "manifest": paths.manifest(dataset),
+                "manifest": paths.manifest(setting["dataset"]),
                 "split": paths.split(split_id),
-                "features": paths.features(dataset, features_key) if features_key else None,
-                "images": self.image_cache_paths(dataset, train["model"]),
+                "features": paths.features(setting["dataset"], features_key) if features_key else None,
+                "images": self.image_cache_paths(setting["dataset"], train["model"], draft),
                 "out": paths.run_dir(key),
                 "checkpoints": paths.checkpoint_dir(key),
             },
@@ -462,7 +475,7 @@ class Project:
             "deterministic": self.config["deterministic"],
             "threads": self.config["threads"],
             "corrupt_images": self.config["data"]["corrupt_images"],
-            "jpeg_draft": self.config["data"]["jpeg_draft"],
+            "jpeg_draft": draft,
         }
         run["config_hash"] = hash_obj(run)
         return run

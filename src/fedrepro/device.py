@@ -6,6 +6,16 @@
   in 16 bits); ``auto`` = bf16 on a CUDA GPU that supports it (``torch.cuda.is_bf16_supported()``),
   fp32 otherwise (always fp32 on the CPU). fp16 needs a gradient scaler (:meth:`Compute.scaler`),
   bf16 does not (its exponent range is fp32's).
+- ``fp16_weights``: how the FACMIC and FAA-CLIP authors fine-tuned CLIP. OpenAI's ``clip.load`` on a GPU
+  keeps the weights of every linear, convolution and attention projection (and ``proj``,
+  ``text_projection``) in fp16 (``clip.model.convert_weights``); their training loops cast the weights and
+  gradients to fp32 for Adam's step (``utils/clip_util.py::convert_models_to_fp32``) and round the weights
+  back to fp16 right after it (``clip.model.convert_weights``), with no loss scaling. So Adam's moments are
+  fp32, but an update smaller than half an fp16 step of the weight is lost. Here those parameters are
+  stored in fp32 holding fp16 values: rounded after every optimizer step (:meth:`Compute.keep_fp16_weights`)
+  and after aggregation (the authors' server copies its average into fp16 weights); the forward pass
+  runs under fp16 autocast, without a gradient scaler. LayerNorm, embeddings and the logit scale stay
+  fp32, as in the authors' models.
 - ``train.channels_last``: ``true`` / ``false``, or ``auto`` = on for convolutional models
   (:func:`is_convolutional`) on a CUDA GPU, where cuDNN's NHWC kernels are faster; off on the CPU.
 
@@ -23,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("fp32", "bf16", "fp16", "fp16_weights")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp16_weights": torch.float16}
 HALF = (torch.bfloat16, torch.float16)
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
@@ -92,6 +102,21 @@ class Compute:
             return None
         return torch.amp.GradScaler(self.device.type)
 
+    def keep_fp16_weights(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+        """Under ``fp16_weights``: round ``model``'s fp16 weights (:func:`fp16_weight_parameters`) that
+        ``optimizer`` updates back to fp16 values after each of its steps; nothing otherwise."""
+        if self.precision != "fp16_weights":
+            return
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        weights = [p for p in fp16_weight_parameters(model) if id(p) in stepped]
+        optimizer.register_step_post_hook(lambda *_: round_to_fp16(weights))
+
+    def round_weights(self, model: torch.nn.Module) -> None:
+        """Under ``fp16_weights``: round ``model``'s fp16 weights to fp16 values (a freshly built or
+        aggregated model); nothing otherwise."""
+        if self.precision == "fp16_weights":
+            round_to_fp16(fp16_weight_parameters(model))
+
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """A model moved to channels_last (in place) if that was chosen."""
         if self.channels_last:
@@ -125,6 +150,29 @@ def backward_step(loss: torch.Tensor, optimizers, scaler: "torch.amp.GradScaler 
     for optimizer in optimizers:
         scaler.step(optimizer)
     scaler.update()
+
+
+def fp16_weight_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters OpenAI's CLIP keeps in fp16 (``clip.model.convert_weights``): weights and biases of
+    every Conv1d, Conv2d and Linear, the input projections and biases of nn.MultiheadAttention, and the
+    ``proj`` / ``text_projection`` matrices. Norms, embeddings and scalars are not among them."""
+    found: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        tensors = [getattr(module, name, None) for name in ("text_projection", "proj")]
+        if isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Linear)):
+            tensors += [module.weight, module.bias]
+        if isinstance(module, torch.nn.MultiheadAttention):
+            tensors += [getattr(module, name, None) for name in
+                        ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v")]
+        found.update((id(t), t) for t in tensors if isinstance(t, torch.nn.Parameter))
+    return list(found.values())
+
+
+@torch.no_grad()
+def round_to_fp16(tensors) -> None:
+    """Each tensor in place to the nearest fp16 value (round to nearest even, as ``.half()``), kept in its dtype."""
+    for t in tensors:
+        t.copy_(t.to(torch.float16))
 
 
 def fp32(x: torch.Tensor) -> torch.Tensor:

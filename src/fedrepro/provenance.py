@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import socket
@@ -51,14 +53,30 @@ def device_info(device) -> dict:
     return info
 
 
+def run_variant(run: dict, *, precision: str, dataset_options: dict, split_file: dict, class_texts: list[str]) -> dict:
+    """Which variant of the data and arithmetic a run used, the same record for every paper: the precision it
+    computed in (resolved on its hardware), whether large JPEGs were DCT-scaled, the dataset and its
+    declaration's options (e.g. de-duplicated sources or not), the split (id, spec and seed), and the class
+    texts its prompts said (a CLIP method's classifier; the SHA-256 of their JSON list, and the texts)."""
+    texts = list(class_texts)
+    return {
+        "precision": precision,
+        "jpeg_draft": run.get("jpeg_draft"),
+        "dataset": {"name": run["dataset"], "options": dict(dataset_options)},
+        "split": {"id": run.get("split_id"), "spec": split_file.get("spec"), "seed": split_file.get("seed")},
+        "class_texts": {"sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest(), "texts": texts},
+    }
+
+
 def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, timings: dict, resumed_from,
-                 test_data: dict | None = None, execution: dict | None = None) -> dict:
+                 test_data: dict | None = None, execution: dict | None = None, variant: dict | None = None) -> dict:
     """``test_data``: what test data the run read (selection on the test set, the test set as the
     domain-adaptation target) and whether it was allowed (paper protocol, or ``allow_test_selection``).
     ``execution``: how the job computed, resolved on its hardware (precision, channels_last, loader
-    workers, where per-client state was kept, the memory estimate)."""
+    workers, where per-client state was kept, the memory estimate). ``variant``: :func:`run_variant`."""
     return {
         "run": {k: run[k] for k in ("paper", "setting", "method", "seed", "protocol", "config_hash")},
+        "variant": variant or {},
         "test_data": test_data,
         "seeds": {"run": run["seed"], "split": input_hashes.get("split_seed"),
                   "streams": "derive_seed(run seed, purpose, round, client) for init/shuffle/local/server"},

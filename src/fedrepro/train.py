@@ -59,7 +59,7 @@ from .io import atomic_path, read_json, sha256_file, torch_save, write_csv, writ
 from .models.families import build_family
 from .models.weights import require as require_weights
 from .models.weights import weight_specs
-from .provenance import run_manifest
+from .provenance import run_manifest, run_variant
 from .registry import dataset, method_class
 from .seeding import configure_determinism
 
@@ -82,14 +82,19 @@ def load_federation(run: dict, split_file: dict | None = None):
     allow_test = opted_in(run["train"])
     check_disjoint(split, run["protocol"], allow_test, where=paths["split"])
     hashes = {"manifest_sha256": manifest_sha, "split_sha256": sha256_file(paths["split"]), "split_seed": split_file["seed"]}
+    class_names = list(spec.class_texts)     # what CLIP prompts say (the authors' class folder names)
     if run["input"] == "features":
         cache = torch.load(paths["features"], map_location="cpu", weights_only=False)
         if cache["manifest_sha256"] != manifest_sha:
             raise InputMismatch(f"{paths['features']} was computed from another version of {paths['manifest']}")
+        if cache.get("class_names") != class_names:
+            raise InputMismatch(f"{paths['features']} holds the text features of the classes {cache.get('class_names')}, "
+                                f"but {run['dataset']}'s prompts now say {class_names}; rebuild it (snakemake "
+                                f"--forcerun features {paths['features']})")
         hashes["features_sha256"] = sha256_file(paths["features"])
         hashes["encoder_weights"] = cache.get("weights")
-        return build_feature_federation(split, run["protocol"], cache, list(spec.classes), allow_test), hashes
-    family = build_family(run["train"]["model"], list(spec.classes), {})
+        return build_feature_federation(split, run["protocol"], cache, class_names, allow_test), hashes
+    family = build_family(run["train"]["model"], class_names, {})
     manifest = read_manifest(paths["manifest"])
     missing = [c for c in family.extra_columns if c not in manifest.columns]
     if missing:
@@ -102,7 +107,7 @@ def load_federation(run: dict, split_file: dict | None = None):
             needed = replace(spec_of(transform), draft=run["jpeg_draft"])
             caches[part] = ImageCache(paths["images"][part], manifest_sha, needed)
             hashes[f"images_{part}"] = {"file": paths["images"][part], "spec": needed.key}
-    fed = build_image_federation(split, run["protocol"], manifest, paths["raw_dir"], list(spec.classes),
+    fed = build_image_federation(split, run["protocol"], manifest, paths["raw_dir"], class_names,
                                  train_transform, eval_transform, family.extra_columns, caches, run["jpeg_draft"],
                                  allow_test)
     return fed, hashes
@@ -246,10 +251,12 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     execution = {"precision": method.compute.precision, "channels_last": method.compute.channels_last,
                  "num_workers": workers, "client_state": client_state_summary(method),
                  "memory_estimate": needed.to_json(), "peak_rss_bytes": peak_rss()}
+    variant = run_variant(run, precision=method.compute.precision, dataset_options=dataset(run["dataset"]).options,
+                          split_file=split_file, class_texts=fed.class_names)
     write_json(out_dir / "run_manifest.json", run_manifest(
         run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
         timings={"wall_s": time.time() - started, "train_s": float(result.history["train_s"].sum())},
-        resumed_from=result.resumed_from, test_data=test_data))
+        resumed_from=result.resumed_from, test_data=test_data, variant=variant))
     write_json(out_dir / "metrics.json", summary)  # last: its presence means the run is complete
     resume.unlink(missing_ok=True)
     shutil.rmtree(states, ignore_errors=True)

@@ -27,9 +27,9 @@ on the batch's own statistics, the mode L_DA acts in. Each variant is measured o
 aligns (code: masked clients vs raw reference; paper: masked vs masked).
 
 Measured (seeds 0-5), MMD ratio lambda > 0 / lambda = 0: code 0.66-0.89, asserted < 0.93; paper
-0.75-0.89, asserted < 0.95. Not asserted, for the record: in evaluation mode the ratio
-is 0.73-1.00 for the code's variant (the DA run's BatchNorm running statistics also average the target
-batches, which FACMIC passes through the FAM in training mode; the run without L_DA never sees them).
+0.75-0.89, asserted < 0.95. Both runs pass the target batches through the FAM in training mode (FACMIC's
+code does so with a zero DA weight too: ``target_pass``), so their weights differ only through L_DA and
+both runs' BatchNorm running statistics, which evaluation mode reads, average the target batches.
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ def check_on_features(tmp_path, paper: str, method: str, step_loss, mask, *, pro
     return driven, server, models
 
 
-def adaptation_step(mask, adaptation, lam: float, target_grad: bool = False):
+def adaptation_step(mask, adaptation, lam: float, target_grad: bool = False, target_pass: bool = True):
     """Both papers' local step (FACMIC ``--method ours``, FAA-CLIP its extension), for ``step_loss(text)``:
 
         masked = mask(model, x)                          (FAM in training mode, differentiated)
@@ -252,17 +252,23 @@ def adaptation_step(mask, adaptation, lam: float, target_grad: bool = False):
                                                           target; differentiated only if ``target_grad``)
         L += lam * adaptation(model, masked, masked_t, x_t, y, text)
 
-    with x_t the client's next target batch; lam = 0 is the plain contrastive step (no target drawn)."""
+    with x_t the client's next target batch. lam = 0 is the code with a zero DA weight: the target batch still
+    goes through the FAM (FACMIC ``utils/training.py::train``, ``--method ours``: ``i_attn =
+    model.fea_attn(i_features)`` feeds the pseudo-labels; FAA-CLIP: the ``no_grad`` pass that feeds D), so its
+    BatchNorm statistics see the target, and the loss is the contrastive one (the zero-weighted term adds a
+    zero gradient); with ``target_pass=False`` no target batch is drawn at all."""
     def make(text):
         def step(model, batch, ctx):
             x, y = batch["x"], batch["y"]
             masked = mask(model, x)
             loss = contrastive_loss(masked, text[y], 100.0)
-            if lam == 0:
+            if lam == 0 and not target_pass:
                 return loss
             x_t = next(ctx.targets)["x"]
-            with torch.set_grad_enabled(target_grad):
+            with torch.set_grad_enabled(target_grad and lam != 0):
                 masked_t = mask(model, x_t)
+            if lam == 0:
+                return loss
             return loss + lam * adaptation(model, masked, masked_t, x_t, y, text)
         return step
     return make

@@ -17,8 +17,8 @@ never leaves the client. Predictions: softmax(100 n(I*) n(T_c)^T) with the serve
 Variants (Table VII/VIII): ``faa_shared_d`` averages D like the FAM; ``faa_local_bn`` (w/o shared BN)
 keeps the FAM's BatchNorm on each client (FedBN) - each client's test split is scored by its own model,
 the global set by the mean of the clients' models' probabilities; ``faa_deeper`` is the 8-layer FAM
-(same step), ``faa_fea1`` the FAM without BatchNorm (Table VIII); ``faa_no_da`` drops L_adv (no target
-batches, D untouched).
+(same step), ``faa_fea1`` the FAM without BatchNorm (Table VIII); ``faa_no_da`` drops L_adv but, as the
+code with a zero weight, still passes the target batch through the FAM in training mode (D untouched).
 """
 
 import numpy as np

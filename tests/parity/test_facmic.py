@@ -102,7 +102,7 @@ PAPER = lmmd_against(lmmd_paper, "masked")
 @pytest.mark.parametrize("variant, step", [
     ("facmic", adaptation_step(fam_mask, CODE, 1.0)),                                # the code's LMMD (default)
     ("facmic_lmmd_paper", adaptation_step(fam_mask, PAPER, 1.0, target_grad=True)),  # eq. 5-6 as the paper writes them
-    ("facmic_no_da", adaptation_step(fam_mask, CODE, 0.0)),                          # Table 3: without L_DA
+    ("facmic_no_da", adaptation_step(fam_mask, CODE, 0.0)),                          # Table 3: without L_DA (target pass kept)
     ("facmic_bs8", adaptation_step(fam_mask, CODE, 0.1)),                            # Table 4: L_DA x 1/10
 ])
 def test_facmic_round_matches_the_specification(variant, step, tmp_path):

@@ -33,7 +33,7 @@ except ConfigError as error:
 RAW = PROJECT.config["data"]["raw_dir"]
 RUNS = {key.path: key for key in PROJECT.runs()}
 SPLITS = PROJECT.splits()
-FEATURES = {f"{dataset}/{key}": encoder for (dataset, key), encoder in PROJECT.features().items()}
+FEATURES = {f"{dataset}/{key}": job for (dataset, key), job in PROJECT.features().items()}   # {encoder, jpeg_draft}
 DOWNSTREAM = PROJECT.downstream_jobs()
 CONFIG_JSON = json.dumps(PROJECT.config, sort_keys=True)
 ENV = "../../envs/fedrepro.yaml"
@@ -117,7 +117,14 @@ def weights_inputs(specs) -> list[str]:
 
 
 def features_weights(wildcards) -> list[str]:
-    return weights_inputs(encoder_weights(FEATURES[f"{wildcards.dataset}/{wildcards.key}"]))
+    return weights_inputs(encoder_weights(FEATURES[f"{wildcards.dataset}/{wildcards.key}"]["encoder"]))
+
+
+def class_texts(dataset: str) -> list[str]:
+    """What a CLIP prompt says for each class of ``dataset`` (fedrepro.data.spec.DatasetSpec.class_texts)."""
+    from fedrepro.registry import dataset as dataset_spec
+
+    return list(dataset_spec(dataset).class_texts)
 
 
 # ---- runs --------------------------------------------------------------------------------------

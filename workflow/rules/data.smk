@@ -118,9 +118,10 @@ rule features:
         features=paths.features("{dataset}", "{key}"),
     params:
         raw=lambda wc, input: raw_root(input.raw),
-        encoder=lambda wc: json.dumps(FEATURES[f"{wc.dataset}/{wc.key}"], sort_keys=True),
+        encoder=lambda wc: json.dumps(FEATURES[f"{wc.dataset}/{wc.key}"]["encoder"], sort_keys=True),
         device=PROJECT.config["device"],
-        draft=str(PROJECT.config["data"]["jpeg_draft"]).lower(),
+        draft=lambda wc: str(FEATURES[f"{wc.dataset}/{wc.key}"]["jpeg_draft"]).lower(),
+        class_texts=lambda wc: json.dumps(class_texts(wc.dataset)),   # what the prompts say: a change reruns the job
     threads: 8
     resources:
         gpu=1,

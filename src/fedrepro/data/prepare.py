@@ -9,6 +9,7 @@ next to the dataset that uses it (in :mod:`fedrepro.data.datasets`); helpers for
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +33,16 @@ def class_folder_rows(root: Path, raw_root: Path, class_dirs: dict[str, str], sp
             rows.append({"path": image.relative_to(raw_root).as_posix(), "class_name": class_name,
                          "split": split, "source": source})
     return rows
+
+
+def pixel_digest(path: Path) -> str:
+    """SHA-256 of an image's size and decoded RGB pixels: the same picture whatever its file name,
+    container, metadata or colour mode (a re-compressed copy is another picture)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        rgb = image.convert("RGB")
+    return hashlib.sha256(repr(rgb.size).encode() + rgb.tobytes()).hexdigest()
 
 
 def missing_folder(folder: Path, spec: DatasetSpec) -> FileNotFoundError:

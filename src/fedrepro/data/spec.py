@@ -90,11 +90,22 @@ class DatasetSpec:
     expected_files: tuple[str, ...] = ()  # paths (relative to the dataset dir) that prove a manual placement
     options: dict = field(default_factory=dict)
     materialise: str = ""         # offline datasets: a registered builder (fedrepro.registry.BUILDERS)
+    # class -> the words a CLIP prompt says for it, where they are not the class name: the class folder
+    # names of the original dataset, which the authors' ImageFolder read (e.g. AK -> "actinic keratosis")
+    class_text: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.access not in ACCESS:
             raise ValueError(f"{self.name}: unknown access {self.access!r}; allowed: {list(ACCESS)}")
+        unknown = sorted(set(self.class_text) - set(self.classes))
+        if unknown:
+            raise ValueError(f"{self.name}: class_text names {unknown}, which are not among its classes {list(self.classes)}")
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    @property
+    def class_texts(self) -> tuple[str, ...]:
+        """What a CLIP prompt says for each class, in label order (the class name unless ``class_text`` says)."""
+        return tuple(self.class_text.get(c, c) for c in self.classes)

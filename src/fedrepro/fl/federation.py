@@ -43,7 +43,7 @@ class Federation:
     clients: list[ClientData]
     global_test: object | None
     reference: object | None            # unlabeled target-domain images (labels hidden)
-    class_names: list[str]
+    class_names: list[str]              # in label order, as a CLIP prompt says them (DatasetSpec.class_texts)
     extras: dict = field(default_factory=dict)   # e.g. frozen text features of the class prompts
     external: object | None = None      # labelled external evaluation set (never trained on)
 

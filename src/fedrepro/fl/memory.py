@@ -360,7 +360,7 @@ def estimate(run: dict, clients: int, device: str | torch.device | None = None, 
     layout = profile["layout"]
     opt = optimizer_factor(train["optimizer"]) * trainable
     act = profile["activation"]
-    scale = HALF_ACTIVATIONS if precision in ("bf16", "fp16") else 1.0
+    scale = HALF_ACTIVATIONS if precision in ("bf16", "fp16", "fp16_weights") else 1.0
     train_act = (act["per_sample"] * train["batch_size"] + act["fixed"]) * scale * ACTIVATION_MARGIN
     eval_act = (act["per_sample"] * train.get("eval_batch_size", 256) + act["fixed"]) * scale * EVAL_FRACTION
     if not act.get("measured", True):
@@ -410,7 +410,7 @@ def planned(project, key, workers: int | None = None, device: str | None = None)
     rule asks for one), feature-level runs on the CPU; clients from the split file where it exists,
     else from the setting's split spec."""
     run = project.run_config(key)
-    split = project.papers[key.paper]["settings"][key.setting]["split"]
+    split = project.setting(key.paper, key.setting, key.protocol)["split"]
     clients = clients_of_file(run["paths"]["split"]) or client_count(split)
     device = device or ("cpu" if run["input"] == "features" else "cuda")
     return estimate(run, clients, device, workers if run["input"] != "features" else 0)

@@ -111,6 +111,12 @@ class FederatedMethod(ABC):
         return self.compute.batch(batch)
 
     @classmethod
+    def caption_note(cls, params: dict) -> str | None:
+        """What a table's caption says about a row or column of this method run with ``params``: a choice its
+        readers need to read the numbers (e.g. Centralized's budget per round), or None."""
+        return None
+
+    @classmethod
     def reads_target(cls, params: dict) -> bool:
         """Whether training with ``params`` reads the unlabeled target set (``fed.reference``: the
         domain-adaptation methods). The configuration check asks, before any job, because under the
@@ -199,6 +205,7 @@ class ModelAveraging(FederatedMethod):
         self.server: nn.Module = self.build_model().to(self.device)
         self.compute = self.compute.with_model(train.get("channels_last", "auto"), self.server)
         self.compute.prepare(self.server)
+        self.compute.round_weights(self.server)       # fp16_weights: the model starts in fp16, as clip.load gives it
         self.work: nn.Module = copy.deepcopy(self.server)
         self.shared: list[str] = self.shared_keys()
         self.private = self.client_states("private")            # client -> its private (non-shared) tensors
@@ -295,6 +302,7 @@ class ModelAveraging(FederatedMethod):
         optimizer = make_optimizer(self.trainable_parameters(model), train["optimizer"])
         if persist and client.name in self.optimizer_states:
             optimizer.load_state_dict(self.optimizer_states[client.name])
+        self.compute.keep_fp16_weights(optimizer, model)     # fp16_weights: rounded back after every step
         scaler = self.compute.scaler()      # fp16: the client's loss scale carries over from its last turn
         if scaler is not None and client.name in self.scalers:
             scaler.load_state_dict(self.scalers[client.name])
@@ -328,6 +336,7 @@ class ModelAveraging(FederatedMethod):
     def aggregate(self, updates: list[ClientUpdate], rnd: int) -> None:
         averaged = weighted_average([u.payload for u in updates], self.aggregation_weights(updates))
         self.server.load_state_dict(averaged, strict=False)
+        self.compute.round_weights(self.server)       # fp16_weights: the average is copied into fp16 weights
 
     # ---- evaluation -------------------------------------------------------------------------
     def model_for(self, client: ClientData | None) -> nn.Module:

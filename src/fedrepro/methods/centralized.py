@@ -58,6 +58,14 @@ class Centralized(ModelAveraging):
         self.pooled = ClientData("pooled", 0, pool_datasets([c.train for c in clients]),
                                  pool_datasets([c.val for c in clients]), pool_datasets([c.test for c in clients]))
 
+    @classmethod
+    def caption_note(cls, params: dict) -> str:
+        if params.get("budget", "client") == "client":
+            return ("trains one client's local work per round on the pooled data: with a fixed number of local steps "
+                    "that is 1/K of the federation's gradient steps (K clients); with local epochs, one epoch over "
+                    "the pooled data")
+        return "trains the federation's local work per round on the pooled data (K clients x the local steps)"
+
     def participants(self) -> list[ClientData]:
         return [self.pooled]
 

@@ -27,7 +27,9 @@ produced the published numbers:
 
 Ablations (Table VII): ``share_discriminator`` (D averaged like the FAM), ``local_bn`` (w/o shared BN:
 the FAM's BatchNorm weights and statistics stay on each client, FedBN-style), ``lambda_da: 0`` (without
-DA); the deeper FAM and the FAM layer sets of Table VIII are model options (``variant``).
+DA: the target batch still passes through the FAM in training mode, as in the code with a zero weight;
+``target_pass: false`` drops it); the deeper FAM and the FAM layer sets of Table VIII are model options
+(``variant``).
 
 Under ``local_bn`` the server never holds trained BatchNorm, so it cannot score anything. Evaluation is
 FedBN's: each client's test split is scored by that client's model (the averaged FAM with its own BN),
@@ -43,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..registry import register_method
-from .target_domain import DomainAdaptation
+from .target_domain import TARGET_PASS_PARAMS, DomainAdaptation
 
 
 class GradientReversal(torch.autograd.Function):
@@ -107,11 +109,12 @@ def domain_adversarial_loss(discriminator: nn.Module, source: torch.Tensor, targ
 
 FAA_CLIP_PARAMS = {
     "lambda_da": {
-        "description": "λ of eq. 6 (paper and code: 0.5); 0 = FAA-CLIP without DA (Table VII, Fig. 6)",
+        "description": "λ of eq. 6 (paper and code: 0.5); 0 = FAA-CLIP without DA (Table VII, Fig. 6; see target_pass)",
         "type": "number",
         "minimum": 0,
         "default": 0.5,
     },
+    **TARGET_PASS_PARAMS,
     "grl_coeff": {
         "type": "number",
         "minimum": 0,

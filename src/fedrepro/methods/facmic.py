@@ -39,7 +39,8 @@ differentiated. Source features are always the masked ones; both sides are L2-no
 for the bandwidth are over the 2B points (i != j) and not differentiated. As in the code, the target
 batch passes through the FAM in training mode, so BatchNorm statistics also see target images, and a
 non-finite L_DA counts as 0. The paper writes x = I in eq. 5 but trains the FAM with L_DA, so its
-reading uses the masked features on both sides.
+reading uses the masked features on both sides. Without L_DA (lambda = 0, Table 3) the target batch still
+passes through the FAM, as in the code with a zero weight (``target_pass``; false drops it).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import torch.nn.functional as F
 from ..device import full_precision
 from ..models.families import clip_scores
 from ..registry import register_method
-from .target_domain import DomainAdaptation
+from .target_domain import TARGET_PASS_PARAMS, DomainAdaptation
 
 
 def pairwise_sq_dists(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -122,12 +123,13 @@ def lmmd(source: torch.Tensor, target: torch.Tensor, source_labels: torch.Tensor
 
 FACMIC_PARAMS = {
     "lambda_da": {
-        "description": "λ of eq. 7 (paper and code: 1). 0 = FACMIC without L_DA (Table 3); Table 4 uses 0.1 for"
-                       " batches of 4 and 8.",
+        "description": "λ of eq. 7 (paper and code: 1). 0 = FACMIC without L_DA (Table 3; see target_pass); Table 4"
+                       " uses 0.1 for batches of 4 and 8.",
         "type": "number",
         "minimum": 0,
         "default": 1.0,
     },
+    **TARGET_PASS_PARAMS,
     "lmmd": {
         "type": "object",
         "additionalProperties": False,

@@ -23,6 +23,19 @@ from ..seeding import torch_generator
 from .tuning import require_family
 
 
+# shared by FACMIC and FAA-CLIP (their params schemas include it)
+TARGET_PASS_PARAMS = {
+    "target_pass": {
+        "description": "with lambda_da = 0: true = every local step still passes a target batch through the FAM in "
+                       "training mode (its BatchNorm statistics see the target), as both papers' code does with a zero "
+                       "DA weight (the pass feeds L_DA's pseudo-labels or D); false = no target batch at all, so the "
+                       "'without DA' run also loses that BatchNorm adaptation. No effect when lambda_da > 0.",
+        "type": "boolean",
+        "default": True,
+    },
+}
+
+
 def target_stream(reference, train: dict, seed: int, rnd: int, client_index: int) -> Iterator[dict]:
     """Client ``client_index``'s endless stream of unlabeled target batches in round ``rnd``: full
     batches of ``train.batch_size``, the target set reshuffled on every pass (pass p keyed by
@@ -43,8 +56,8 @@ class DomainAdaptation(ModelAveraging):
 
     @classmethod
     def reads_target(cls, params: dict) -> bool:
-        """Local steps draw target batches unless lambda_da = 0 (the "without DA" ablations)."""
-        return params["lambda_da"] > 0
+        """Local steps draw target batches, unless lambda_da = 0 and ``target_pass`` is off."""
+        return params["lambda_da"] > 0 or params["target_pass"]
 
     def uses_target(self) -> bool:
         return self.reads_target(self.params)
@@ -86,7 +99,10 @@ class DomainAdaptation(ModelAveraging):
             return loss, out
         target_raw = self.family.image_features(self.next_target())
         # the target batch goes through the FAM in training mode, so (as in both papers' code) its
-        # BatchNorm statistics also see target images
-        with torch.set_grad_enabled(self.target_needs_grad()):
+        # BatchNorm statistics also see target images, with or without L_DA
+        lam = self.params["lambda_da"]
+        with torch.set_grad_enabled(self.target_needs_grad() and lam > 0):
             target_masked = model(target_raw)
-        return loss + self.params["lambda_da"] * self.adaptation_loss(model, masked, batch, target_raw, target_masked), out
+        if lam == 0:
+            return loss, out
+        return loss + lam * self.adaptation_loss(model, masked, batch, target_raw, target_masked), out

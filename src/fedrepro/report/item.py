@@ -48,7 +48,7 @@ class ReportItem:
     def classes(self, setting: str) -> list[str]:
         from ..registry import DATASETS
 
-        return list(DATASETS.get(self.project.papers[self.paper]["settings"][setting]["dataset"]).obj.classes)
+        return list(DATASETS.get(self.project.setting(self.paper, setting, self.protocol)["dataset"]).obj.classes)
 
     # ---- runs ----------------------------------------------------------------------------------
     def key(self, setting: str, method: str, seed: int) -> RunKey:
@@ -64,7 +64,11 @@ class ReportItem:
     def split_counts(self, setting: str, seed: int | None = None) -> pd.DataFrame:
         """The client x class count table of ``setting``'s split (under the first seed by default)."""
         seed = self.seeds[0] if seed is None else seed
-        return pd.read_csv(require(paths.split(self.project.split_id(self.paper, setting, seed, self.protocol), ".counts.csv")))
+        return pd.read_csv(require(paths.split(self.split_id(setting, seed), ".counts.csv")))
+
+    def split_id(self, setting: str, seed: int) -> str:
+        """The split ``setting``'s runs read here (a setting may read another dataset under each protocol)."""
+        return self.project.split_id(self.paper, setting, seed, self.protocol)
 
     def table_csv(self, table: str) -> Path:
         return require(paths.table(self.protocol, self.paper, table, ".csv"))
@@ -116,8 +120,7 @@ def split_count_inputs(all_seeds: bool = False):
     """``inputs`` of a kind that reads the split count files of its ``settings`` (first seed, or every seed)."""
     def inputs(item: ReportItem) -> list[str]:
         seeds = item.seeds if all_seeds else item.seeds[:1]
-        ids = dict.fromkeys(item.project.split_id(item.paper, s, seed, item.protocol)
-                            for s in item.spec.get("settings", []) for seed in seeds)
+        ids = dict.fromkeys(item.split_id(s, seed) for s in item.spec.get("settings", []) for seed in seeds)
         return [paths.split(split_id, ".counts.csv") for split_id in ids]
     return inputs
 

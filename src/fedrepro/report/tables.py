@@ -28,7 +28,7 @@ import pandas as pd
 from .. import paths
 from ..config import Project, resolve_cell
 from ..io import read_json, write_csv, write_text
-from ..registry import TABLE_KINDS, register_table_kind
+from ..registry import TABLE_KINDS, method_class, register_table_kind
 from .item import ReportItem, is_demo, require, split_count_inputs
 from .published import Published, read_published
 from .stats import ERROR_BARS, summarise
@@ -232,10 +232,23 @@ def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
         parts.append(f"{mark} {note.rstrip('.')}.")
     if item.spec.get("note"):
         parts.append(item.spec["note"])
+    parts += method_notes(item)
     parts += bar_exemptions(item)
     if is_demo(item.project):
         parts.append(DEMO_WARNING)
     return " ".join(parts)
+
+
+def method_notes(item: ReportItem) -> list[str]:
+    """What the methods of this table's runs say about themselves (``FederatedMethod.caption_note``)."""
+    methods, notes = item.project.papers[item.paper]["methods"], {}
+    for key in item.project.table_runs(item.paper, item.name, item.protocol):
+        variant = methods[key.method]
+        note = method_class(variant.get("method", key.method)).caption_note(
+            item.project.method_params(item.paper, key.method, key.protocol))
+        if note:
+            notes.setdefault(f"{variant.get('label', key.method)} {note.rstrip('.')}.", None)
+    return list(notes)
 
 
 def bar_exemptions(item: ReportItem) -> list[str]:

@@ -84,9 +84,10 @@ def kaggle_bt2(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
 # and scores BT2 every round (eval key ``external``): the derived dataset is BT's manifest plus BT2's
 # under the source ``bt2`` (the generic ``with_external`` preparer); the setting sets it aside with
 # ``split.external: {sources: [bt2]}`` (never trained on, never a domain-adaptation target).
-register_dataset(DatasetSpec(
-    name="bt_bt2",
-    title="BT (Bhuvaji et al.) plus BT2 (Nickparvar, 7,023 images, source 'bt2') as an external test set",
+# BT2 = figshare + SARTAJ + Br35H, and SARTAJ is BT: ``bt_bt2`` keeps BT2 whole, as the paper used it (its
+# "zero-shot" set then holds images the model trained on); ``bt_bt2_disjoint`` leaves out BT2's copies of
+# BT images (same decoded pixels), for the clean protocol.
+_BT_BT2 = dict(
     classes=BT_CLASSES,
     sources=(),
     layout="no files of its own: built from the bt and bt2 manifests",
@@ -94,5 +95,17 @@ register_dataset(DatasetSpec(
     access="account",
     used_by=("facmic",),
     depends_on=("bt", "bt2"),
+)
+register_dataset(DatasetSpec(
+    name="bt_bt2",
+    title="BT (Bhuvaji et al.) plus all of BT2 (Nickparvar, 7,023 images, source 'bt2', which contains BT's "
+          "SARTAJ images) as an external test set",
     options={"base": "bt", "external": "bt2", "external_source": "bt2"},
+    **_BT_BT2,
+))
+register_dataset(DatasetSpec(
+    name="bt_bt2_disjoint",
+    title="BT (Bhuvaji et al.) plus BT2 without its copies of BT images (source 'bt2') as an external test set",
+    options={"base": "bt", "external": "bt2", "external_source": "bt2", "drop_copies_of_base": True},
+    **_BT_BT2,
 ))

@@ -33,6 +33,7 @@ Layout facts, and where they come from:
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from PIL import Image
 
 from ...registry import preparer, register_dataset
 from ..manifest import ManifestError, make_manifest
-from ..prepare import dependency_manifest, find_file, missing_folder
+from ..prepare import dependency_manifest, find_file, missing_folder, pixel_digest
 from ..spec import DatasetSpec, Source
 
 FUNDUS_CLASSES = ("healthy", "diseased")     # DR grade 0 vs grades 1-4
@@ -271,7 +272,9 @@ def with_external(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -> pd.D
     of it) under the single source ``external_source``, for split.external; both restricted to the
     derived dataset's classes. ``subsample: {source: {class: fraction}}`` keeps the first
     round(fraction x n) images (in path order) of a class of a base source: sites of unequal size and
-    class balance for the demo."""
+    class balance for the demo. ``drop_copies_of_base``: external images that are also in ``base`` (the
+    same decoded pixels, :func:`~fedrepro.data.prepare.pixel_digest`) are left out, so the external set is
+    disjoint from everything the runs train or select on."""
     opts = spec.options
     parts = {}
     for role in ("base", "external"):
@@ -279,6 +282,12 @@ def with_external(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -> pd.D
     external = parts["external"]
     if opts.get("external_split"):
         external = external[external["split"] == opts["external_split"]]
+    if opts.get("drop_copies_of_base"):
+        base = {pixel_digest(Path(raw_root) / path) for path in parts["base"]["path"]}
+        copies = external["path"].map(lambda path: pixel_digest(Path(raw_root) / path) in base)
+        logging.getLogger("fedrepro.prepare").info("%s: %d of %d %s images are copies of %s images, left out",
+                                                  spec.name, int(copies.sum()), len(external), opts["external"], opts["base"])
+        external = external[~copies]
     clash = parts["base"]["source"] == opts["external_source"]
     if clash.any():
         raise ManifestError(f"{spec.name}: {opts['base']} already has a source named {opts['external_source']!r}")

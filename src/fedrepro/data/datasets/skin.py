@@ -56,11 +56,15 @@ SC9_FOLDERS = {
     "vascular lesion": "VL",
 }
 SC9_ROOT = "Skin cancer ISIC The International Skin Imaging Collaboration"
+# the words of a CLIP prompt: the class folder names. FACMIC's and FAA-CLIP's ImageTextData
+# (utils/prepare_data_dg_clip.py) prompt with "a picture of a" + ImageFolder's class (= folder) name
+SC9_TEXT = {short: folder for folder, short in SC9_FOLDERS.items()}
 
 register_dataset(DatasetSpec(
     name="sc9",
     title="Skin Cancer ISIC, 9 classes (Kaggle, nodoubttome): 2,357 ISIC Archive images, official Train/Test split",
     classes=tuple(SC9_FOLDERS.values()),  # the folders' alphabetical order, as ImageFolder labels them
+    class_text=SC9_TEXT,                  # prompts say the folder names, as the FACMIC / FAA-CLIP loaders did
     sources=(Source("kaggle_dataset", "nodoubttome/skin-cancer9-classesisic", filename="skin-cancer9-classesisic.zip",
                     note="digest: trust-on-first-use (Kaggle re-zips datasets, so no stable digest exists)"),),
     layout=f"'{SC9_ROOT}/Train/<class folder>/*.jpg' (2,239 images) and '.../Test/<class folder>/*.jpg' (118), "
@@ -257,6 +261,7 @@ REAL_SKIN_LAYOUT = ("no files of its own: built from the manifests of sc9, isic2
                     "(resources/manifests/<name>.csv)")
 _REAL_SKIN_COMMON = dict(
     classes=REAL_SKIN_CLASSES,
+    class_text={c: SC9_TEXT[c] for c in REAL_SKIN_CLASSES},   # the Kaggle SC folder names (every client's folders)
     sources=(),
     layout=REAL_SKIN_LAYOUT,
     prepare="skin_real",
