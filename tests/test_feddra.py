@@ -213,7 +213,8 @@ def test_dro_weights_loss_scale_barely_changes_adam_step_size_does(demo_project)
     deltas = {}
     for apply in ("loss_scale", "step_size"):
         for lam in (0.5, 0.1):
-            m, fed = make_method(demo_project, "feddra", {"stage2_steps": 1, "dro": {"apply": apply}})
+            m, fed = make_method(demo_project, "feddra", {"stage2_steps": 1, "stage2_start": "aggregate",
+                                                          "dro": {"apply": apply}})
             m.lam = np.array([lam, 1 - lam])
             message = m.broadcast(1)                       # round 1 = a stage-2 round (alternate schedule)
             before = {k: v.clone() for k, v in message.items()}
@@ -232,16 +233,26 @@ def test_feddra_two_stages_and_dro_update(demo_project):
     message = m.broadcast(0)                               # stage 1: encoders frozen
     assert m.stage == 1
     before = {k: v.clone() for k, v in message.items()}
-    seed_global(0, "local", 0, 0)
-    after = m.local_update(fed.clients[0], message, 0).payload
+    stage1 = []
+    for client in fed.clients:
+        seed_global(0, "local", 0, client.index)
+        stage1.append(m.local_update(client, message, 0))
+    after = stage1[0].payload
     encoders = [n for n, _ in m.work.named_parameters() if n.startswith(("image_encoder.", "text_encoder."))]
     aligners = [n for n, _ in m.work.named_parameters() if n.startswith(("image_align.", "text_head."))]
     assert all(torch.equal(before[n], after[n]) for n in encoders)
     assert any(not torch.equal(before[n], after[n]) for n in aligners)
+    m.aggregate(stage1, 0)
+    # stage 2 starts from each client's own stage-1 model (FedAvg_SLIA_HC.py), not from the stage-1
+    # aggregate, which the server sends only for the anchor's alignment blocks and heads
+    message = m.broadcast(1)
+    assert m.stage == 2 and set(message) == {k for k in before if k.startswith(("image_align.", "text_align.",
+                                                                                  "image_head.", "text_head."))}
+    for update in stage1:
+        start = m.load_client_model(fed.clients[int(update.client[-1])], message).state_dict()
+        assert all(torch.equal(start[k], update.payload[k]) for k in update.payload)
     # after a stage-2 round (the end of a turn) the risks move lambda inside the chi-square ball
     updates = []
-    message = m.broadcast(1)
-    assert m.stage == 2
     for client in fed.clients:
         seed_global(0, "local", 1, client.index)
         updates.append(m.local_update(client, message, 1))
