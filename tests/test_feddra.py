@@ -419,10 +419,101 @@ def test_retrieval_ties_count_against_the_model():
     assert recall_at_k(np.array([[np.nan, 0.1], [0.0, 1.0]]), 1) == pytest.approx(0.5)
     # the family's pooled retrieval on collapsed embeddings: every image and text the same unit vector
     family = VisionLanguageFamily.__new__(VisionLanguageFamily)
-    family.cfg = {"retrieval": {"pool": 8, "direction": "both"}}
+    family.cfg = {"retrieval": {"pool": 8, "direction": "both", "pools": "shuffled", "drop_last": False, "ties": "against"}}
     u = np.tile([[1.0, 0.0]], (16, 1))
     scores = family.retrieval_scores(u, u.copy())
     assert scores["recall@1"] == 0.0 and scores["recall@5"] == 0.0 and scores["cos_sim"] == pytest.approx(1.0)
+
+
+def test_retrieval_as_the_code_scores_it():
+    """The paper protocol's retrieval is the authors' (BioMed-AI-Lab-U-Michgan/TMLR_FedDRA: ``data_module.py``
+    ``DataModule.val_dataloader``: each client's validation split unshuffled, batches of 32, drop_last;
+    ``SLIA_module.py`` ``FedDRA.validation_step`` / ``precision_at_k``: the mean of image-to-text and
+    text-to-image top-k accuracy, ties in ``topk``'s index order); clean keeps fixed shuffled pools of 72
+    of the test split, text to image, ties against the model."""
+    from fedrepro.config import load_project
+    from fedrepro.fl.evaluation import client_scores
+    from fedrepro.metrics import recall_at_k
+    from fedrepro.models.vlp import VisionLanguageFamily
+
+    tie = np.array([[0.5, 0.5, 0.1], [0.5, 0.5, 0.2], [0.1, 0.2, 0.3]])
+    assert recall_at_k(tie, 1, "index") == pytest.approx(2 / 3) and recall_at_k(tie, 1) == pytest.approx(1 / 3)
+    # pairs 0 and 1: two images of one study with the same report; pairs 2, 3 distinct; pair 4 a miss
+    u = np.array([[1.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    w = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+    family = VisionLanguageFamily.__new__(VisionLanguageFamily)
+    code = {"split": "val", "pool": 2, "pools": "ordered", "drop_last": True, "direction": "both", "ties": "index"}
+    family.cfg = {"retrieval": code}
+    # pool {0, 1}: t2i 1/2 (both texts pick image 0); i2t 1/2 (image 0 takes text 0 first, image 1 too); pool {2, 3}: 1
+    assert family.retrieval_scores(u, w)["recall@1"] == pytest.approx((0.5 * 2 + 1.0 * 2) / 4)
+    family.cfg = {"retrieval": {**code, "drop_last": False}}            # pair 4 alone in its pool: a hit
+    assert family.retrieval_scores(u, w)["recall@1"] == pytest.approx((0.5 * 2 + 1.0 * 2 + 1.0) / 5)
+    family.cfg = {"retrieval": {**code, "ties": "against"}}              # image 0's tie with text 1 is a miss
+    assert family.retrieval_scores(u, w)["recall@1"] == pytest.approx((0.25 * 2 + 1.0 * 2) / 4)
+    assert family.eval_splits == (("", "val"), (".test", "test"))
+
+    class Scored:                         # a family stub: the score of a split is its size
+        eval_splits = family.eval_splits
+
+        @staticmethod
+        def embed_dataset(model, data, *args):
+            return np.zeros((len(data), 1)), np.zeros((len(data), 1))
+
+        @staticmethod
+        def retrieval_scores(u, w):
+            return {"n": len(u)}
+
+    method = type("M", (), {"family": Scored, "device": "cpu", "ctx": type("C", (), {"train": {"eval_batch_size": 4}})})
+    client = type("Client", (), {"name": "client0", "val": [0] * 3, "test": [0] * 7})
+    assert client_scores(method, None, type("F", (), {"clients": [client]}), lambda c: c.name) == \
+        {"client0/n": 3, "client0.test/n": 7}
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"], "protocols": ["clean", "paper"]}, root=REPO)
+    retrieval = {p: project.run_config(project.run_key("feddra", "mimic_a1", "feddra_convirt", 0, p))["train"]["model"]
+                 ["retrieval"] for p in ("clean", "paper")}
+    assert retrieval["paper"] == {**code, "pool": 32}
+    assert retrieval["clean"] == {"split": "test", "pool": 72, "pools": "shuffled", "drop_last": False, "direction": "t2i",
+                                  "ties": "against"}
+
+
+def test_text_reaches_the_alignment_block_as_the_code_sends_it(demo_project):
+    """BioMed-AI-Lab-U-Michgan/TMLR_FedDRA ``encoder.py`` ``BertEncoder.aggregate_tokens`` (MGCA's): word pieces
+    summed into words up to [SEP] (kept), zero vectors after; ``SLIA_module.py`` ``FedDRA.forward`` calls
+    ``align_text_model`` without an attention mask, a ``BertLayer`` of ``bert-base-uncased``'s config (dropout
+    0.1). The paper protocol follows it; clean masks the padding out (the unmasked padding is a bug)."""
+    from fedrepro.config import load_project
+    from fedrepro.models.text_tower import generated_tokenizer
+    from fedrepro.models.vlp import aggregate_words, continuation_ids
+
+    tok = generated_tokenizer(30522)
+    ids = tok(["pleuralx effusionzz seen", "no"], padding="max_length", truncation=True, max_length=12,
+              return_tensors="pt")["input_ids"]
+    pieces = tok.convert_ids_to_tokens(ids[0].tolist())
+    hidden = torch.arange(2 * 12, dtype=torch.float).reshape(2, 12, 1)
+    words, mask = aggregate_words(hidden, ids, continuation_ids(tok), tok.sep_token_id)
+    sep = pieces.index("[SEP]")
+    starts = [i for i, p in enumerate(pieces[:sep]) if not p.startswith("##")] + [sep, sep + 1]
+    expected = [float(sum(range(a, b))) for a, b in zip(starts, starts[1:])]       # each word: the sum of its pieces
+    assert words[0, :len(expected), 0].tolist() == expected and mask[0].sum() == len(expected) < sep + 1
+    assert words[0, len(expected):].abs().sum() == 0                                  # zero vectors after [SEP]
+    assert words[1, :3, 0].tolist() == [12.0, 13.0, 14.0] and mask[1].tolist() == [True] * 3 + [False] * 9
+
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"], "protocols": ["clean", "paper"]}, root=REPO)
+    align = {p: project.run_config(project.run_key("feddra", "mimic_a1", "feddra_mgca", 0, p))["train"]["model"]["alignment"]
+             for p in ("clean", "paper")}
+    assert align["paper"] == {**align["clean"], "text_mask": "none"} and align["clean"]["text_mask"] == "padding"
+    assert (align["paper"]["text_tokens"], align["paper"]["text_dropout"], align["paper"]["image_dropout"]) == ("words", 0.1, 0.0)
+    # unmasked, the text embedding depends on the zero padding: reports are padded to max_length, as the code does
+    embeddings = {}
+    for text_mask in ("none", "padding"):
+        m, fed = make_method(demo_project, "feddra", train={"model": {"alignment": {"text_mask": text_mask}}})
+        m.work.eval()
+        dropouts = [mod.p for mod in m.work.text_align.modules() if isinstance(mod, torch.nn.Dropout)]
+        assert dropouts and all(p == 0.1 for p in dropouts) and m.work.text_align.attn.dropout == 0.1
+        tokens = m.family.tokenize(["a small bird"], "cpu")
+        assert tokens["input_ids"].shape[1] == (m.family.cfg["text"]["max_length"] if text_mask == "none" else 5)
+        with torch.no_grad():
+            embeddings[text_mask] = m.family.forward(m.work, {"x": torch.zeros(1, 3, 32, 32), "caption": ["a small bird"]})
+    assert not torch.allclose(embeddings["none"].extra["text_emb"], embeddings["padding"].extra["text_emb"])
 
 
 def niid_bench_lda(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator, min_require: int = 10):

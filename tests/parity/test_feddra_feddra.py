@@ -27,6 +27,9 @@ Specification, one communication turn:
   λ_k ∝ λ_k exp(η R_k) (η = 0.5 = γ · step_per_com), then projected onto
   {λ ∈ simplex : (1/(2K)) Σ_k (K λ_k − 1)² ≤ ρ}, ρ = 0.1. With two clients that set is the segment
   |λ_1 − ½| ≤ √(2ρ)/2 of the simplex, so the projection clips λ_1.
+* Text into A_T and retrieval as the code (``paper`` protocol; :mod:`tests.parity.vlp_spec`): the word
+  pieces summed into words, no attention mask; retrieval on each client's validation pairs in order,
+  pools of 32 (here the tiny model's 8) without the last partial one, both directions.
 * The row ``feddra_code_dro`` is the released code as it runs: ``training_step`` multiplies the loss by
   ``client_ratio`` (``dro.apply: loss_scale``), ρ = 1 (``project_onto_chi_square_ball(.., 1)``),
   λ_c = 1 (``--lambda_2``), and λ never carries over: ``client_ratio_list`` is a plain attribute set
@@ -136,7 +139,7 @@ def feddra_turns(run, fed, start, anchor0, objective, turns):
 
 @pytest.mark.parametrize("objective", sorted(VARIANTS))
 def test_feddra_turns_match_the_authors_code(objective, tmp_path):
-    run = vlp_run("feddra", VARIANTS[objective], train={"rounds": 4, "eval_every": 4, "batch_size": 4})
+    run = vlp_run("feddra", VARIANTS[objective], train={"rounds": 4, "eval_every": 4, "batch_size": 4}, protocol="paper")
     p = run["algorithm"]["params"]
     assert (p["constraint_weight"], p["constraint_distance"], p["constraint_space"], p["anchor"], p["anchor_mode"]) == \
         (5.0, "mse", "normalized", "code", "train")
@@ -148,7 +151,7 @@ def test_feddra_turns_match_the_authors_code(objective, tmp_path):
 
 def test_the_code_dro_row_is_the_released_code(tmp_path):
     """Table 3's last row: the DRO of the released code, lambda = 1/K in every turn (loss scaled by 1/K)."""
-    run = vlp_run("feddra", "feddra_code_dro", train={"rounds": 4, "eval_every": 4, "batch_size": 4})
+    run = vlp_run("feddra", "feddra_code_dro", train={"rounds": 4, "eval_every": 4, "batch_size": 4}, protocol="paper")
     p = run["algorithm"]["params"]
     assert (p["constraint_weight"], p["stage2_start"], p["anchor"]) == (1.0, "own", "code")
     assert (p["dro"]["apply"], p["dro"]["radius"], p["dro"]["step_size"], p["dro"]["carry_over"]) == \
@@ -157,8 +160,14 @@ def test_the_code_dro_row_is_the_released_code(tmp_path):
 
 
 def check_turns(run, tmp_path):
+    """Two turns of the configured run (paper protocol: the code's text path and retrieval) against the spec."""
+    model = run["train"]["model"]
+    assert (model["alignment"]["text_tokens"], model["alignment"]["text_mask"]) == ("words", "none")
+    r = model["retrieval"]
+    assert (r["split"], r["pools"], r["drop_last"], r["direction"], r["ties"]) == ("val", "ordered", True, "both", "index")
     run["algorithm"]["params"].update(stage1_steps=1, stage2_steps=1)          # steps only
-    fed, start, driven = drive_tiny(run, tmp_path, caption_federation(sizes=(20, 30)))   # 10% risk subsets: 2, 3 pairs
+    fed = caption_federation(sizes=(20, 30), val=10)        # 10% risk subsets: 2, 3 pairs; retrieval on val
+    fed, start, driven = drive_tiny(run, tmp_path, fed)
     anchor0 = build_under(run, fed, "anchor-init")
     expected, lam, risks = feddra_turns(run, fed, start, anchor0, Objective(driven.method.family), 2)
     assert abs(lam[0] - 0.5) > 1e-6                    # the weights did move
