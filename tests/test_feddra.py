@@ -658,9 +658,20 @@ def test_mimic_preparer_on_fake_layout(tmp_path):
     d1, d3 = frame.iloc[0], frame.iloc[1]
     # Edema mentioned (1) and Pleural Effusion mentioned negatively (0) both count: bits 0 and 1
     assert d1["class_name"] == "edema+effusion" and d1["label"] == 3 and d1["split"] == "train"
-    assert d1["caption"] == "edema improved. mild pulmonary edema. no effusion"
+    assert d1["caption"] == "edema improved mild pulmonary edema no effusion"
     # an uncertain (-1) Pneumonia counts too: bit 4
     assert d3["class_name"] == "pneumonia" and d3["label"] == 16 and d3["split"] == "val"
+
+
+def test_mimic_captions_are_joined_as_the_code_joins_them():
+    """BioMed-AI-Lab-U-Michgan/TMLR_FedDRA ``pretrain_dataset.py``: ``create_path_2_sent_mapping`` (impression + " "
+    + findings, newlines to spaces, cut at "1." marks and at ".", ``\\w+`` tokens lower-cased and ASCII only,
+    sentences of one token dropped) and ``get_caption`` (the sentences joined with spaces)."""
+    from fedrepro.data.datasets.chest import report_caption
+
+    report = ("FINDINGS: 1. Heart size is\nnormal. 2. Lungs clear. Stable.\n\n"
+              "IMPRESSION: No acute ___ process. Résumé fine.\n")
+    assert report_caption(report) == "no acute ___ process rsum fine heart size is normal lungs clear"
 
 
 def test_mimic_download_without_credentials_says_what_to_do(tmp_path):
