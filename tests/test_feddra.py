@@ -581,6 +581,26 @@ def test_feddra_settings_use_the_lda_sampler_and_publish_every_row():
         assert paper["methods"][f"centralized_{objective}"]["params"]["budget"] == "federation"
 
 
+def test_table7_two_clients_are_two_of_the_five():
+    """Table 7 / Fig. 4a: "we divide the raw data into 5 subsets and adjust the number of clients involved" (FedDRA
+    appendix): the row 2 trains on the first 2 of the 5 LDA clients of the main setting, the same rows as there;
+    re-partitioning all data into 2 clients is the setting mimic_a1_2way."""
+    from fedrepro.config import load_project
+    from fedrepro.data.partition import make_split
+
+    paper = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO).papers["feddra"]
+    two, five = paper["settings"]["mimic_a1_c2"]["split"], paper["settings"]["mimic_a1"]["split"]
+    assert two == {**five, "keep_clients": 2} and paper["settings"]["mimic_a1_2way"]["split"]["clients"] == 2
+    rng = np.random.default_rng(0)
+    manifest = pd.DataFrame({"label": rng.integers(0, 6, 400), "source": "", "path": [f"{i}.jpg" for i in range(400)],
+                             "split": rng.choice(["train", "val", "test"], 400, p=[0.8, 0.1, 0.1])})
+    spec = {k: v for k, v in five.items() if k != "seed"}
+    all_five = make_split(manifest, spec, 0).clients
+    kept = make_split(manifest, {**spec, "keep_clients": 2}, 0).clients
+    assert list(kept) == ["client0", "client1"] and len(all_five) == 5
+    assert all(np.array_equal(kept[c][part], all_five[c][part]) for c in kept for part in ("train", "val", "test"))
+
+
 def test_mgca_token_weights_and_attention():
     from fedrepro.models.vlp_objectives import cross_attention, token_importance
 
