@@ -782,7 +782,7 @@ def test_covidx_and_retina_preparers(tmp_path):
 
 def test_downstream_fractions_masks_and_dice():
     from fedrepro.downstream import fraction_key, fraction_subsets
-    from fedrepro.downstream.segmentation import UNetDecoder, box_mask, dice_score
+    from fedrepro.downstream.segmentation import UNetDecoder, box_mask, dice_score, rotate_and_scale
 
     labels = np.array([0] * 100 + [1] * 20)
     subsets = fraction_subsets(labels, np.arange(120), [0.01, 0.1], 1, np.random.default_rng(0))
@@ -798,6 +798,98 @@ def test_downstream_fractions_masks_and_dice():
     assert UNetDecoder([8, 8, 8], 4)(maps, (32, 32)).shape == (2, 1, 32, 32)
     cnn_maps = [torch.randn(2, c, s, s) for c, s in ((16, 8), (24, 4), (40, 2))]     # a CNN: channels per stage
     assert UNetDecoder([16, 24, 40], 4)(cnn_maps, (32, 32)).shape == (2, 1, 32, 32)
+    # the augmentation moves image and mask together: the box stays under the bright pixels
+    from PIL import Image
+
+    image = Image.fromarray(np.where(np.asarray(box_mask((32, 32), [[8, 10, 12, 9]])) > 0, 255, 0).astype(np.uint8)).convert("RGB")
+    torch.manual_seed(3)
+    moved = [rotate_and_scale(image, box_mask((32, 32), [[8, 10, 12, 9]]), p=1.0) for _ in range(3)]
+    for img, msk in moved:
+        bright, inside = np.asarray(img)[..., 0] > 127, np.asarray(msk) > 127
+        assert (bright == inside).mean() > 0.97 and not np.array_equal(inside, np.asarray(box_mask((32, 32), [[8, 10, 12, 9]])) > 127)
+
+
+def test_segmentation_scores_and_trains_as_mgca():
+    """HKU-MedAI/MGCA ``ssl_segmenter.py`` ``SSLSegmenter.get_dice`` (per image; an image without a box scores 1
+    when nothing is predicted, else 0; the batch mean, averaged over batches in ``shared_epoch_end``) and
+    ``MixedLoss(alpha=10)`` (``segmentation_loss.py``: 10 · focal(γ=2) − log Dice); ``transformer_seg.py``
+    ``SETRModel`` (a linear layer per token, four conv-BN-ReLU-x2 stages 512-256-128-64, a 3x3 conv);
+    ``mgca_segmenter.py``: AdamW, weight decay 0.05, lr 5e-4 and batch 16 for RSNA, early stopping on val_loss
+    (patience 10). Our pixel-pooled Dice stays beside it as ``dice_pooled``."""
+    from fedrepro.config import load_project
+    from fedrepro.downstream.segmentation import EarlyStopping, SETRDecoder, evaluate_decoder, mixed_loss
+
+    class Fixed(torch.nn.Module):          # a "decoder" that predicts the given logit maps
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = logits
+
+        def forward(self, maps, size):
+            return self.logits[maps[0][:, 0, 0, 0].long()][:, None]
+
+    masks = torch.zeros(5, 4, 4)
+    masks[3, :2, :2] = 1                                   # one image of five has a box (4 pixels)
+    maps = [torch.arange(5).float()[:, None, None, None].expand(5, 1, 1, 1)]
+    empty = Fixed(torch.full((5, 4, 4), -1.0))
+    scores = evaluate_decoder(empty, maps, masks, "cpu", batch_size=2)
+    # batches {0, 1}, {2, 3}, {4}: per-image 1, 1 | 1, 0 | 1 -> batch means 1, 0.5, 1 -> 2.5 / 3
+    assert scores["dice"] == pytest.approx(2.5 / 3) and scores["dice_pooled"] == 0.0 and scores["dice_positive"] == 0.0
+    logits = torch.full((5, 4, 4), -1.0)
+    logits[3, :2, :] = 1.0                                 # 8 pixels predicted on the positive image, 4 right
+    logits[4, 0, 0] = 1.0                                  # a false positive on an empty image: that image scores 0
+    scores = evaluate_decoder(Fixed(logits), maps, masks, "cpu", batch_size=2)
+    assert scores["dice"] == pytest.approx((1 + (1 + 2 * 4 / 12) / 2 + 0) / 3)
+    assert scores["dice_pooled"] == pytest.approx(2 * 4 / (9 + 4)) and scores["dice_positive"] == pytest.approx(8 / 12)
+    # MixedLoss on two pixels, logits 0 (p = 1/2), targets 1, 0: focal = mean(1/4 · log 2), Dice = (1 + 1) / 3
+    value = mixed_loss(torch.zeros(1, 1, 1, 2), torch.tensor([[[[1.0, 0.0]]]]))
+    assert float(value) == pytest.approx(10 * 0.25 * math.log(2) - math.log(2 / 3))
+    decoder = SETRDecoder(768, [512, 256, 128, 64])
+    convs = [m for m in decoder.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [512, 256, 128, 64, 1] and decoder.token.in_features == 768
+    assert decoder([torch.randn(2, 768, 14, 14)], (224, 224)).shape == (2, 1, 224, 224)
+    keeper, module = EarlyStopping(torch.nn.Linear(1, 1), patience=2), torch.nn.Linear(1, 1)
+    assert [keeper.update(v, module) for v in (3.0, 2.0, 2.0, 2.5)] == [False, False, False, True] and keeper.best == 2.0
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO)
+    seg = project.papers["feddra"]["downstream"]["rsna_seg"]
+    assert (seg["recipe"], seg["lr"], seg["weight_decay"], seg["batch_size"], seg["epochs"], seg["patience"]) == \
+        ("mgca", 5e-4, 0.05, 16, 50, 10) and seg["decoder_features"] == [512, 256, 128, 64]
+    columns = [c for t in project.papers["feddra"]["tables"].values() for c in t.get("columns", []) if c.get("task") == "rsna_seg"]
+    assert columns and {c["metric"] for c in columns} == {"dice"}      # the published scale
+
+
+def test_downstream_splits_and_probe_follow_mgca():
+    """HKU-MedAI/MGCA ``preprocess/rsna.py`` (``train_test_split(df, test_size=0.3 or 5337 * 2, random_state=0)``,
+    then halves: test, valid), ``preprocess/covidx.py`` (80/20 of the official train list, random_state=0; the
+    official test), ``classification_dataset.py`` (``df.sample(frac=data_pct)``: not stratified) and
+    ``mgca_finetuner.py`` / ``ssl_finetuner.py`` (batch 48, AdamW, lr 5e-4, weight decay 1e-6, early stopping on
+    val_loss with patience 10, 50 epochs)."""
+    from sklearn.model_selection import train_test_split
+
+    from fedrepro.config import load_project
+    from fedrepro.downstream import fraction_subsets, task_splits
+
+    patients = pd.DataFrame({"patientId": [f"p{i:03d}" for i in range(200)], "Target": np.arange(200) % 5 == 0})
+    train_df, test_val_df = train_test_split(patients, test_size=0.3, random_state=0)   # MGCA's preprocessing
+    test_df, valid_df = train_test_split(test_val_df, test_size=0.5, random_state=0)
+    manifest = pd.DataFrame({"path": patients["patientId"] + ".jpg", "split": np.where(np.arange(200) < 150, "train", "test")})
+    labels = patients["Target"].astype(int).to_numpy()
+    spec = {"dataset": "rsna", "stratified": False, "val_fraction": 0.1, "test_fraction": 0.2,
+            "resplit": {"from": ["train", "val", "test"], "held_out": 0.3, "val_share": 0.5}}
+    splits = task_splits(manifest, labels, spec)
+    named = {k: set(patients["patientId"].iloc[v]) for k, v in splits.items()}
+    assert named == {"train": set(train_df["patientId"]), "val": set(valid_df["patientId"]), "test": set(test_df["patientId"])}
+    covid = task_splits(manifest, labels, {**spec, "resplit": {"from": ["train"], "held_out": 0.2, "val_share": 1.0}})
+    assert np.array_equal(covid["test"], np.arange(150, 200)) and len(covid["val"]) == 30 and len(covid["train"]) == 120
+    random = fraction_subsets(labels, splits["train"], [0.1], 1, np.random.default_rng(0), stratified=False)[0.1]
+    assert len(random) == 14 and set(random) <= set(splits["train"])
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO)
+    tasks = project.papers["feddra"]["downstream"]
+    for name in ("rsna_cls", "covid_cls"):
+        t = tasks[name]
+        assert (t["recipe"], t["batch_size"], t["lr"], t["weight_decay"], t["epochs"], t["patience"], t["stratified"]) == \
+            ("mgca", 48, 5e-4, 1e-6, 50, 10, False)
+    assert tasks["rsna_cls"]["resplit"] == spec["resplit"] and tasks["rsna_seg"]["resplit"]["held_out"] == 5337 * 2
+    assert tasks["covid_cls"]["resplit"] == {"from": ["train"], "held_out": 0.2, "val_share": 1.0}
 
 
 # --------------------------------------------------------------------------------------------

@@ -550,18 +550,27 @@ class VisionLanguageFamily(ModelFamily):
         mean, std = NORMALISATION[self.cfg["image"]["normalize"]]
         return T.Normalize(mean, std)
 
-    def eval_geometry(self, nearest: bool = False):
+    def eval_geometry(self, nearest: bool = False, crop: bool = True):
         """The PIL-level part of the evaluation transform (pad-resize + centre crop); with
-        ``nearest`` for label masks, so a mask stays aligned with its image."""
+        ``nearest`` for label masks, so a mask stays aligned with its image. ``crop=False``: pad-resized
+        to the image size itself (MGCA's segmentation data: the whole image, no crop)."""
         from torchvision import transforms as T
 
         image = self.cfg["image"]
+        if not crop:
+            return PadToSquare(image["image_size"], nearest)
         return T.Compose([PadToSquare(image["resize"], nearest), T.CenterCrop(image["image_size"])])
+
+    def tensor_transform(self):
+        """PIL image -> the normalised tensor the encoder reads (the transforms' last steps)."""
+        from torchvision import transforms as T
+
+        return T.Compose([T.ToTensor(), self._normalise()])
 
     def eval_transform(self):
         from torchvision import transforms as T
 
-        return T.Compose([self.eval_geometry(), T.ToTensor(), self._normalise()])
+        return T.Compose([self.eval_geometry(), self.tensor_transform()])
 
     def train_transform(self):
         from torchvision import transforms as T
@@ -699,6 +708,18 @@ class VisionLanguageFamily(ModelFamily):
             return tokens[:, 0]
         out = self.embed_image(model, tokens)
         return out["image_aligned"][:, 0] if features == "aligned" else out["image_emb"]
+
+    @staticmethod
+    def image_token_map(model: DualEncoder, x: torch.Tensor) -> torch.Tensor:
+        """E_I's last-layer tokens as a map (B x D x h x w): a ViT's patch tokens after its final norm
+        (what MGCA's SETR decoder reads), a CNN's last feature map."""
+        encoder = model.image_encoder
+        out = encoder.forward_features(x)
+        if not is_vit(encoder):
+            return out
+        h, w = x.shape[-2] // encoder.patch_embed.patch_size[0], x.shape[-1] // encoder.patch_embed.patch_size[1]
+        patches = out[:, encoder.num_prefix_tokens:]
+        return patches.transpose(1, 2).reshape(len(x), -1, h, w)
 
     @staticmethod
     def image_feature_maps(model: DualEncoder, x: torch.Tensor, levels: int) -> list[torch.Tensor]:
