@@ -601,6 +601,16 @@ def test_table7_two_clients_are_two_of_the_five():
     assert all(np.array_equal(kept[c][part], all_five[c][part]) for c in kept for part in ("train", "val", "test"))
 
 
+def test_fig3c_says_its_shallow_retraining_length_is_a_guess():
+    """FedDRA §3 (Fig. 3c) re-trains "the first four shallow layers ... on the combined local datasets" without
+    saying for how long: the grid's one round of 50 steps is a guess, and the table and figure say so."""
+    from fedrepro.config import load_project
+
+    paper = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO).papers["feddra"]
+    assert paper["methods"]["shallow_retrain"]["params"]["shallow_rounds"] == 1
+    assert "guess" in paper["tables"]["fig3c"]["note"] and "guess" in paper["figures"]["fig3"]["title"]
+
+
 def test_mgca_token_weights_and_attention():
     from fedrepro.models.vlp_objectives import cross_attention, token_importance
 
