@@ -83,7 +83,11 @@ def task_splits(manifest, labels: np.ndarray, spec: dict) -> dict[str, np.ndarra
     if resplit:
         names = set(resplit["from"]) | ({""} if "train" in resplit["from"] else set())    # "" = train
         pooled = valid[np.isin(official[valid], sorted(names))]
-        train, val, held_test = mgca_resplit(pooled, resplit["held_out"], resplit["val_share"])
+        try:
+            train, val, held_test = mgca_resplit(pooled, resplit["held_out"], resplit["val_share"])
+        except ValueError as error:
+            raise DownstreamError(f"downstream task on {spec['dataset']}: resplit {resplit} cannot split the "
+                                  f"{len(pooled)} rows of {resplit['from']}: {error}") from error
         test = held_test if resplit["val_share"] < 1 else np.setdiff1d(test, pooled)
     rng = numpy_rng(0, "downstream-split")
     if not len(test):
