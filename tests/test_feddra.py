@@ -819,7 +819,7 @@ def test_downstream_fractions_masks_and_dice():
         assert (bright == inside).mean() > 0.97 and not np.array_equal(inside, np.asarray(box_mask((32, 32), [[8, 10, 12, 9]])) > 127)
 
 
-def test_segmentation_scores_and_trains_as_mgca():
+def test_segmentation_scores_and_trains_as_mgca(demo_project):
     """HKU-MedAI/MGCA ``ssl_segmenter.py`` ``SSLSegmenter.get_dice`` (per image; an image without a box scores 1
     when nothing is predicted, else 0; the batch mean, averaged over batches in ``shared_epoch_end``) and
     ``MixedLoss(alpha=10)`` (``segmentation_loss.py``: 10 · focal(γ=2) − log Dice); ``transformer_seg.py``
@@ -857,6 +857,12 @@ def test_segmentation_scores_and_trains_as_mgca():
     convs = [m for m in decoder.modules() if isinstance(m, torch.nn.Conv2d)]
     assert [c.out_channels for c in convs] == [512, 256, 128, 64, 1] and decoder.token.in_features == 768
     assert decoder([torch.randn(2, 768, 14, 14)], (224, 224)).shape == (2, 1, 224, 224)
+    # what it reads: the ViT's patch tokens after its final norm (MGCA: encoder_2d.bert_model(x)[:, 1:]), as a map
+    m, _ = make_method(demo_project, "feddra")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens, token_map = m.work.image_encoder.forward_features(x), m.family.image_token_map(m.work, x)
+    assert token_map.shape == (2, tokens.shape[2], 4, 4) and torch.equal(token_map[:, :, 1, 2], tokens[:, 1 + 1 * 4 + 2])
     keeper, module = EarlyStopping(torch.nn.Linear(1, 1), patience=2), torch.nn.Linear(1, 1)
     assert [keeper.update(v, module) for v in (3.0, 2.0, 2.0, 2.5)] == [False, False, False, True] and keeper.best == 2.0
     project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO)
@@ -865,6 +871,43 @@ def test_segmentation_scores_and_trains_as_mgca():
         ("mgca", 5e-4, 0.05, 16, 50, 10) and seg["decoder_features"] == [512, 256, 128, 64]
     columns = [c for t in project.papers["feddra"]["tables"].values() for c in t.get("columns", []) if c.get("task") == "rsna_seg"]
     assert columns and {c["metric"] for c in columns} == {"dice"}      # the published scale
+
+
+def test_both_downstream_recipes_run(tmp_path, demo_project):
+    """MGCA's recipes and ours (``recipe: fedrepro``) on 24 tiny images: every Dice and accuracy in range."""
+    import logging
+
+    from PIL import Image
+
+    from fedrepro.device import Compute
+    from fedrepro.downstream import probe, segmentation
+
+    m, _ = make_method(demo_project, "feddra")
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(24):
+        pixels = rng.integers(0, 60, (40, 40, 3), dtype=np.uint8)
+        box = [[8, 8, 12, 16]] if i % 3 == 0 else []
+        pixels[8:24, 8:20] += 150 if box else 0
+        Image.fromarray(pixels).save(tmp_path / f"{i}.png")
+        rows.append({"path": f"{i}.png", "boxes": json.dumps(box), "label": int(bool(box))})
+    manifest = pd.DataFrame(rows)
+    labels = manifest["label"].to_numpy()
+    splits = {"train": np.arange(12), "val": np.arange(12, 18), "test": np.arange(18, 24)}
+    subsets = {0.5: np.arange(6), 1.0: np.arange(12)}
+    job = {"seed": 0, "task": "t", "paths": {"raw_dir": str(tmp_path), "manifest": "m.csv"}}
+    compute = Compute.for_run({"precision": "fp32"}, torch.device("cpu"))
+    base = {"epochs": 2, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0, "patience": 1, "selection": "best_val",
+            "features": "encoder", "mask_column": "boxes", "levels": 2, "channels": 8, "decoder_features": [8, 8]}
+    for recipe in ("mgca", "fedrepro"):
+        spec = {**base, "recipe": recipe}
+        seg = segmentation.segmentation(m.family, m.work, manifest, labels, ["0", "1"], splits, subsets, spec, job, compute,
+                                        logging.getLogger("test"))
+        cls = probe.linear_probe(m.family, m.work, manifest, labels, ["0", "1"], splits, subsets, spec, job, compute,
+                                 logging.getLogger("test"))
+        for key in ("50%", "100%"):
+            assert all(0.0 <= seg[key][k] <= 1.0 for k in ("dice", "dice_pooled", "dice_positive")), (recipe, seg)
+            assert 0.0 <= cls[key]["acc"] <= 1.0 and cls[key]["n_train"] == len(subsets[float(key[:-1]) / 100])
 
 
 def test_downstream_splits_and_probe_follow_mgca():
