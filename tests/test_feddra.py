@@ -213,7 +213,8 @@ def test_dro_weights_loss_scale_barely_changes_adam_step_size_does(demo_project)
     deltas = {}
     for apply in ("loss_scale", "step_size"):
         for lam in (0.5, 0.1):
-            m, fed = make_method(demo_project, "feddra", {"stage2_steps": 1, "dro": {"apply": apply}})
+            m, fed = make_method(demo_project, "feddra", {"stage2_steps": 1, "stage2_start": "aggregate",
+                                                          "dro": {"apply": apply}})
             m.lam = np.array([lam, 1 - lam])
             message = m.broadcast(1)                       # round 1 = a stage-2 round (alternate schedule)
             before = {k: v.clone() for k, v in message.items()}
@@ -232,16 +233,26 @@ def test_feddra_two_stages_and_dro_update(demo_project):
     message = m.broadcast(0)                               # stage 1: encoders frozen
     assert m.stage == 1
     before = {k: v.clone() for k, v in message.items()}
-    seed_global(0, "local", 0, 0)
-    after = m.local_update(fed.clients[0], message, 0).payload
+    stage1 = []
+    for client in fed.clients:
+        seed_global(0, "local", 0, client.index)
+        stage1.append(m.local_update(client, message, 0))
+    after = stage1[0].payload
     encoders = [n for n, _ in m.work.named_parameters() if n.startswith(("image_encoder.", "text_encoder."))]
     aligners = [n for n, _ in m.work.named_parameters() if n.startswith(("image_align.", "text_head."))]
     assert all(torch.equal(before[n], after[n]) for n in encoders)
     assert any(not torch.equal(before[n], after[n]) for n in aligners)
+    m.aggregate(stage1, 0)
+    # stage 2 starts from each client's own stage-1 model (FedAvg_SLIA_HC.py), not from the stage-1
+    # aggregate, which the server sends only for the anchor's alignment blocks and heads
+    message = m.broadcast(1)
+    assert m.stage == 2 and set(message) == {k for k in before if k.startswith(("image_align.", "text_align.",
+                                                                                  "image_head.", "text_head."))}
+    for update in stage1:
+        start = m.load_client_model(fed.clients[int(update.client[-1])], message).state_dict()
+        assert all(torch.equal(start[k], update.payload[k]) for k in update.payload)
     # after a stage-2 round (the end of a turn) the risks move lambda inside the chi-square ball
     updates = []
-    message = m.broadcast(1)
-    assert m.stage == 2
     for client in fed.clients:
         seed_global(0, "local", 1, client.index)
         updates.append(m.local_update(client, message, 1))
@@ -408,10 +419,101 @@ def test_retrieval_ties_count_against_the_model():
     assert recall_at_k(np.array([[np.nan, 0.1], [0.0, 1.0]]), 1) == pytest.approx(0.5)
     # the family's pooled retrieval on collapsed embeddings: every image and text the same unit vector
     family = VisionLanguageFamily.__new__(VisionLanguageFamily)
-    family.cfg = {"retrieval": {"pool": 8, "direction": "both"}}
+    family.cfg = {"retrieval": {"pool": 8, "direction": "both", "pools": "shuffled", "drop_last": False, "ties": "against"}}
     u = np.tile([[1.0, 0.0]], (16, 1))
     scores = family.retrieval_scores(u, u.copy())
     assert scores["recall@1"] == 0.0 and scores["recall@5"] == 0.0 and scores["cos_sim"] == pytest.approx(1.0)
+
+
+def test_retrieval_as_the_code_scores_it():
+    """The paper protocol's retrieval is the authors' (BioMed-AI-Lab-U-Michgan/TMLR_FedDRA: ``data_module.py``
+    ``DataModule.val_dataloader``: each client's validation split unshuffled, batches of 32, drop_last;
+    ``SLIA_module.py`` ``FedDRA.validation_step`` / ``precision_at_k``: the mean of image-to-text and
+    text-to-image top-k accuracy, ties in ``topk``'s index order); clean keeps fixed shuffled pools of 72
+    of the test split, text to image, ties against the model."""
+    from fedrepro.config import load_project
+    from fedrepro.fl.evaluation import client_scores
+    from fedrepro.metrics import recall_at_k
+    from fedrepro.models.vlp import VisionLanguageFamily
+
+    tie = np.array([[0.5, 0.5, 0.1], [0.5, 0.5, 0.2], [0.1, 0.2, 0.3]])
+    assert recall_at_k(tie, 1, "index") == pytest.approx(2 / 3) and recall_at_k(tie, 1) == pytest.approx(1 / 3)
+    # pairs 0 and 1: two images of one study with the same report; pairs 2, 3 distinct; pair 4 a miss
+    u = np.array([[1.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    w = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+    family = VisionLanguageFamily.__new__(VisionLanguageFamily)
+    code = {"split": "val", "pool": 2, "pools": "ordered", "drop_last": True, "direction": "both", "ties": "index"}
+    family.cfg = {"retrieval": code}
+    # pool {0, 1}: t2i 1/2 (both texts pick image 0); i2t 1/2 (image 0 takes text 0 first, image 1 too); pool {2, 3}: 1
+    assert family.retrieval_scores(u, w)["recall@1"] == pytest.approx((0.5 * 2 + 1.0 * 2) / 4)
+    family.cfg = {"retrieval": {**code, "drop_last": False}}            # pair 4 alone in its pool: a hit
+    assert family.retrieval_scores(u, w)["recall@1"] == pytest.approx((0.5 * 2 + 1.0 * 2 + 1.0) / 5)
+    family.cfg = {"retrieval": {**code, "ties": "against"}}              # image 0's tie with text 1 is a miss
+    assert family.retrieval_scores(u, w)["recall@1"] == pytest.approx((0.25 * 2 + 1.0 * 2) / 4)
+    assert family.eval_splits == (("", "val"), (".test", "test"))
+
+    class Scored:                         # a family stub: the score of a split is its size
+        eval_splits = family.eval_splits
+
+        @staticmethod
+        def embed_dataset(model, data, *args):
+            return np.zeros((len(data), 1)), np.zeros((len(data), 1))
+
+        @staticmethod
+        def retrieval_scores(u, w):
+            return {"n": len(u)}
+
+    method = type("M", (), {"family": Scored, "device": "cpu", "ctx": type("C", (), {"train": {"eval_batch_size": 4}})})
+    client = type("Client", (), {"name": "client0", "val": [0] * 3, "test": [0] * 7})
+    assert client_scores(method, None, type("F", (), {"clients": [client]}), lambda c: c.name) == \
+        {"client0/n": 3, "client0.test/n": 7}
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"], "protocols": ["clean", "paper"]}, root=REPO)
+    retrieval = {p: project.run_config(project.run_key("feddra", "mimic_a1", "feddra_convirt", 0, p))["train"]["model"]
+                 ["retrieval"] for p in ("clean", "paper")}
+    assert retrieval["paper"] == {**code, "pool": 32}
+    assert retrieval["clean"] == {"split": "test", "pool": 72, "pools": "shuffled", "drop_last": False, "direction": "t2i",
+                                  "ties": "against"}
+
+
+def test_text_reaches_the_alignment_block_as_the_code_sends_it(demo_project):
+    """BioMed-AI-Lab-U-Michgan/TMLR_FedDRA ``encoder.py`` ``BertEncoder.aggregate_tokens`` (MGCA's): word pieces
+    summed into words up to [SEP] (kept), zero vectors after; ``SLIA_module.py`` ``FedDRA.forward`` calls
+    ``align_text_model`` without an attention mask, a ``BertLayer`` of ``bert-base-uncased``'s config (dropout
+    0.1). The paper protocol follows it; clean masks the padding out (the unmasked padding is a bug)."""
+    from fedrepro.config import load_project
+    from fedrepro.models.text_tower import generated_tokenizer
+    from fedrepro.models.vlp import aggregate_words, continuation_ids
+
+    tok = generated_tokenizer(30522)
+    ids = tok(["pleuralx effusionzz seen", "no"], padding="max_length", truncation=True, max_length=12,
+              return_tensors="pt")["input_ids"]
+    pieces = tok.convert_ids_to_tokens(ids[0].tolist())
+    hidden = torch.arange(2 * 12, dtype=torch.float).reshape(2, 12, 1)
+    words, mask = aggregate_words(hidden, ids, continuation_ids(tok), tok.sep_token_id)
+    sep = pieces.index("[SEP]")
+    starts = [i for i, p in enumerate(pieces[:sep]) if not p.startswith("##")] + [sep, sep + 1]
+    expected = [float(sum(range(a, b))) for a, b in zip(starts, starts[1:])]       # each word: the sum of its pieces
+    assert words[0, :len(expected), 0].tolist() == expected and mask[0].sum() == len(expected) < sep + 1
+    assert words[0, len(expected):].abs().sum() == 0                                  # zero vectors after [SEP]
+    assert words[1, :3, 0].tolist() == [12.0, 13.0, 14.0] and mask[1].tolist() == [True] * 3 + [False] * 9
+
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"], "protocols": ["clean", "paper"]}, root=REPO)
+    align = {p: project.run_config(project.run_key("feddra", "mimic_a1", "feddra_mgca", 0, p))["train"]["model"]["alignment"]
+             for p in ("clean", "paper")}
+    assert align["paper"] == {**align["clean"], "text_mask": "none"} and align["clean"]["text_mask"] == "padding"
+    assert (align["paper"]["text_tokens"], align["paper"]["text_dropout"], align["paper"]["image_dropout"]) == ("words", 0.1, 0.0)
+    # unmasked, the text embedding depends on the zero padding: reports are padded to max_length, as the code does
+    embeddings = {}
+    for text_mask in ("none", "padding"):
+        m, fed = make_method(demo_project, "feddra", train={"model": {"alignment": {"text_mask": text_mask}}})
+        m.work.eval()
+        dropouts = [mod.p for mod in m.work.text_align.modules() if isinstance(mod, torch.nn.Dropout)]
+        assert dropouts and all(p == 0.1 for p in dropouts) and m.work.text_align.attn.dropout == 0.1
+        tokens = m.family.tokenize(["a small bird"], "cpu")
+        assert tokens["input_ids"].shape[1] == (m.family.cfg["text"]["max_length"] if text_mask == "none" else 5)
+        with torch.no_grad():
+            embeddings[text_mask] = m.family.forward(m.work, {"x": torch.zeros(1, 3, 32, 32), "caption": ["a small bird"]})
+    assert not torch.allclose(embeddings["none"].extra["text_emb"], embeddings["padding"].extra["text_emb"])
 
 
 def niid_bench_lda(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator, min_require: int = 10):
@@ -477,6 +579,36 @@ def test_feddra_settings_use_the_lda_sampler_and_publish_every_row():
     assert paper["methods"]["local_retrain"]["params"]["federated_rounds"] == 25
     for objective in ("convirt", "gloria", "mgca"):
         assert paper["methods"][f"centralized_{objective}"]["params"]["budget"] == "federation"
+
+
+def test_table7_two_clients_are_two_of_the_five():
+    """Table 7 / Fig. 4a: "we divide the raw data into 5 subsets and adjust the number of clients involved" (FedDRA
+    appendix): the row 2 trains on the first 2 of the 5 LDA clients of the main setting, the same rows as there;
+    re-partitioning all data into 2 clients is the setting mimic_a1_2way."""
+    from fedrepro.config import load_project
+    from fedrepro.data.partition import make_split
+
+    paper = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO).papers["feddra"]
+    two, five = paper["settings"]["mimic_a1_c2"]["split"], paper["settings"]["mimic_a1"]["split"]
+    assert two == {**five, "keep_clients": 2} and paper["settings"]["mimic_a1_2way"]["split"]["clients"] == 2
+    rng = np.random.default_rng(0)
+    manifest = pd.DataFrame({"label": rng.integers(0, 6, 400), "source": "", "path": [f"{i}.jpg" for i in range(400)],
+                             "split": rng.choice(["train", "val", "test"], 400, p=[0.8, 0.1, 0.1])})
+    spec = {k: v for k, v in five.items() if k != "seed"}
+    all_five = make_split(manifest, spec, 0).clients
+    kept = make_split(manifest, {**spec, "keep_clients": 2}, 0).clients
+    assert list(kept) == ["client0", "client1"] and len(all_five) == 5
+    assert all(np.array_equal(kept[c][part], all_five[c][part]) for c in kept for part in ("train", "val", "test"))
+
+
+def test_fig3c_says_its_shallow_retraining_length_is_a_guess():
+    """FedDRA §3 (Fig. 3c) re-trains "the first four shallow layers ... on the combined local datasets" without
+    saying for how long: the grid's one round of 50 steps is a guess, and the table and figure say so."""
+    from fedrepro.config import load_project
+
+    paper = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO).papers["feddra"]
+    assert paper["methods"]["shallow_retrain"]["params"]["shallow_rounds"] == 1
+    assert "guess" in paper["tables"]["fig3c"]["note"] and "guess" in paper["figures"]["fig3"]["title"]
 
 
 def test_mgca_token_weights_and_attention():
@@ -556,9 +688,20 @@ def test_mimic_preparer_on_fake_layout(tmp_path):
     d1, d3 = frame.iloc[0], frame.iloc[1]
     # Edema mentioned (1) and Pleural Effusion mentioned negatively (0) both count: bits 0 and 1
     assert d1["class_name"] == "edema+effusion" and d1["label"] == 3 and d1["split"] == "train"
-    assert d1["caption"] == "edema improved. mild pulmonary edema. no effusion"
+    assert d1["caption"] == "edema improved mild pulmonary edema no effusion"
     # an uncertain (-1) Pneumonia counts too: bit 4
     assert d3["class_name"] == "pneumonia" and d3["label"] == 16 and d3["split"] == "val"
+
+
+def test_mimic_captions_are_joined_as_the_code_joins_them():
+    """BioMed-AI-Lab-U-Michgan/TMLR_FedDRA ``pretrain_dataset.py``: ``create_path_2_sent_mapping`` (impression + " "
+    + findings, newlines to spaces, cut at "1." marks and at ".", ``\\w+`` tokens lower-cased and ASCII only,
+    sentences of one token dropped) and ``get_caption`` (the sentences joined with spaces)."""
+    from fedrepro.data.datasets.chest import report_caption
+
+    report = ("FINDINGS: 1. Heart size is\nnormal. 2. Lungs clear. Stable.\n\n"
+              "IMPRESSION: No acute ___ process. Résumé fine.\n")
+    assert report_caption(report) == "no acute ___ process rsum fine heart size is normal lungs clear"
 
 
 def test_mimic_download_without_credentials_says_what_to_do(tmp_path):
@@ -651,7 +794,7 @@ def test_covidx_and_retina_preparers(tmp_path):
 
 def test_downstream_fractions_masks_and_dice():
     from fedrepro.downstream import fraction_key, fraction_subsets
-    from fedrepro.downstream.segmentation import UNetDecoder, box_mask, dice_score
+    from fedrepro.downstream.segmentation import UNetDecoder, box_mask, dice_score, rotate_and_scale
 
     labels = np.array([0] * 100 + [1] * 20)
     subsets = fraction_subsets(labels, np.arange(120), [0.01, 0.1], 1, np.random.default_rng(0))
@@ -667,6 +810,141 @@ def test_downstream_fractions_masks_and_dice():
     assert UNetDecoder([8, 8, 8], 4)(maps, (32, 32)).shape == (2, 1, 32, 32)
     cnn_maps = [torch.randn(2, c, s, s) for c, s in ((16, 8), (24, 4), (40, 2))]     # a CNN: channels per stage
     assert UNetDecoder([16, 24, 40], 4)(cnn_maps, (32, 32)).shape == (2, 1, 32, 32)
+    # the augmentation moves image and mask together: the box stays under the bright pixels
+    from PIL import Image
+
+    image = Image.fromarray(np.where(np.asarray(box_mask((32, 32), [[8, 10, 12, 9]])) > 0, 255, 0).astype(np.uint8)).convert("RGB")
+    torch.manual_seed(3)
+    moved = [rotate_and_scale(image, box_mask((32, 32), [[8, 10, 12, 9]]), p=1.0) for _ in range(3)]
+    for img, msk in moved:
+        bright, inside = np.asarray(img)[..., 0] > 127, np.asarray(msk) > 127
+        assert (bright == inside).mean() > 0.97 and not np.array_equal(inside, np.asarray(box_mask((32, 32), [[8, 10, 12, 9]])) > 127)
+
+
+def test_segmentation_scores_and_trains_as_mgca(demo_project):
+    """HKU-MedAI/MGCA ``ssl_segmenter.py`` ``SSLSegmenter.get_dice`` (per image; an image without a box scores 1
+    when nothing is predicted, else 0; the batch mean, averaged over batches in ``shared_epoch_end``) and
+    ``MixedLoss(alpha=10)`` (``segmentation_loss.py``: 10 · focal(γ=2) − log Dice); ``transformer_seg.py``
+    ``SETRModel`` (a linear layer per token, four conv-BN-ReLU-x2 stages 512-256-128-64, a 3x3 conv);
+    ``mgca_segmenter.py``: AdamW, weight decay 0.05, lr 5e-4 and batch 16 for RSNA, early stopping on val_loss
+    (patience 10). Our pixel-pooled Dice stays beside it as ``dice_pooled``."""
+    from fedrepro.config import load_project
+    from fedrepro.downstream.segmentation import EarlyStopping, SETRDecoder, evaluate_decoder, mixed_loss
+
+    class Fixed(torch.nn.Module):          # a "decoder" that predicts the given logit maps
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = logits
+
+        def forward(self, maps, size):
+            return self.logits[maps[0][:, 0, 0, 0].long()][:, None]
+
+    masks = torch.zeros(5, 4, 4)
+    masks[3, :2, :2] = 1                                   # one image of five has a box (4 pixels)
+    maps = [torch.arange(5).float()[:, None, None, None].expand(5, 1, 1, 1)]
+    empty = Fixed(torch.full((5, 4, 4), -1.0))
+    scores = evaluate_decoder(empty, maps, masks, "cpu", batch_size=2)
+    # batches {0, 1}, {2, 3}, {4}: per-image 1, 1 | 1, 0 | 1 -> batch means 1, 0.5, 1 -> 2.5 / 3
+    assert scores["dice"] == pytest.approx(2.5 / 3) and scores["dice_pooled"] == 0.0 and scores["dice_positive"] == 0.0
+    logits = torch.full((5, 4, 4), -1.0)
+    logits[3, :2, :] = 1.0                                 # 8 pixels predicted on the positive image, 4 right
+    logits[4, 0, 0] = 1.0                                  # a false positive on an empty image: that image scores 0
+    scores = evaluate_decoder(Fixed(logits), maps, masks, "cpu", batch_size=2)
+    assert scores["dice"] == pytest.approx((1 + (1 + 2 * 4 / 12) / 2 + 0) / 3)
+    assert scores["dice_pooled"] == pytest.approx(2 * 4 / (9 + 4)) and scores["dice_positive"] == pytest.approx(8 / 12)
+    # MixedLoss on two pixels, logits 0 (p = 1/2), targets 1, 0: focal = mean(1/4 · log 2), Dice = (1 + 1) / 3
+    value = mixed_loss(torch.zeros(1, 1, 1, 2), torch.tensor([[[[1.0, 0.0]]]]))
+    assert float(value) == pytest.approx(10 * 0.25 * math.log(2) - math.log(2 / 3))
+    decoder = SETRDecoder(768, [512, 256, 128, 64])
+    convs = [m for m in decoder.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [512, 256, 128, 64, 1] and decoder.token.in_features == 768
+    assert decoder([torch.randn(2, 768, 14, 14)], (224, 224)).shape == (2, 1, 224, 224)
+    # what it reads: the ViT's patch tokens after its final norm (MGCA: encoder_2d.bert_model(x)[:, 1:]), as a map
+    m, _ = make_method(demo_project, "feddra")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens, token_map = m.work.image_encoder.forward_features(x), m.family.image_token_map(m.work, x)
+    assert token_map.shape == (2, tokens.shape[2], 4, 4) and torch.equal(token_map[:, :, 1, 2], tokens[:, 1 + 1 * 4 + 2])
+    keeper, module = EarlyStopping(torch.nn.Linear(1, 1), patience=2), torch.nn.Linear(1, 1)
+    assert [keeper.update(v, module) for v in (3.0, 2.0, 2.0, 2.5)] == [False, False, False, True] and keeper.best == 2.0
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO)
+    seg = project.papers["feddra"]["downstream"]["rsna_seg"]
+    assert (seg["recipe"], seg["lr"], seg["weight_decay"], seg["batch_size"], seg["epochs"], seg["patience"]) == \
+        ("mgca", 5e-4, 0.05, 16, 50, 10) and seg["decoder_features"] == [512, 256, 128, 64]
+    columns = [c for t in project.papers["feddra"]["tables"].values() for c in t.get("columns", []) if c.get("task") == "rsna_seg"]
+    assert columns and {c["metric"] for c in columns} == {"dice"}      # the published scale
+
+
+def test_both_downstream_recipes_run(tmp_path, demo_project):
+    """MGCA's recipes and ours (``recipe: fedrepro``) on 24 tiny images: every Dice and accuracy in range."""
+    import logging
+
+    from PIL import Image
+
+    from fedrepro.device import Compute
+    from fedrepro.downstream import probe, segmentation
+
+    m, _ = make_method(demo_project, "feddra")
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(24):
+        pixels = rng.integers(0, 60, (40, 40, 3), dtype=np.uint8)
+        box = [[8, 8, 12, 16]] if i % 3 == 0 else []
+        pixels[8:24, 8:20] += 150 if box else 0
+        Image.fromarray(pixels).save(tmp_path / f"{i}.png")
+        rows.append({"path": f"{i}.png", "boxes": json.dumps(box), "label": int(bool(box))})
+    manifest = pd.DataFrame(rows)
+    labels = manifest["label"].to_numpy()
+    splits = {"train": np.arange(12), "val": np.arange(12, 18), "test": np.arange(18, 24)}
+    subsets = {0.5: np.arange(6), 1.0: np.arange(12)}
+    job = {"seed": 0, "task": "t", "paths": {"raw_dir": str(tmp_path), "manifest": "m.csv"}}
+    compute = Compute.for_run({"precision": "fp32"}, torch.device("cpu"))
+    base = {"epochs": 2, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0, "patience": 1, "selection": "best_val",
+            "features": "encoder", "mask_column": "boxes", "levels": 2, "channels": 8, "decoder_features": [8, 8]}
+    for recipe in ("mgca", "fedrepro"):
+        spec = {**base, "recipe": recipe}
+        seg = segmentation.segmentation(m.family, m.work, manifest, labels, ["0", "1"], splits, subsets, spec, job, compute,
+                                        logging.getLogger("test"))
+        cls = probe.linear_probe(m.family, m.work, manifest, labels, ["0", "1"], splits, subsets, spec, job, compute,
+                                 logging.getLogger("test"))
+        for key in ("50%", "100%"):
+            assert all(0.0 <= seg[key][k] <= 1.0 for k in ("dice", "dice_pooled", "dice_positive")), (recipe, seg)
+            assert 0.0 <= cls[key]["acc"] <= 1.0 and cls[key]["n_train"] == len(subsets[float(key[:-1]) / 100])
+
+
+def test_downstream_splits_and_probe_follow_mgca():
+    """HKU-MedAI/MGCA ``preprocess/rsna.py`` (``train_test_split(df, test_size=0.3 or 5337 * 2, random_state=0)``,
+    then halves: test, valid), ``preprocess/covidx.py`` (80/20 of the official train list, random_state=0; the
+    official test), ``classification_dataset.py`` (``df.sample(frac=data_pct)``: not stratified) and
+    ``mgca_finetuner.py`` / ``ssl_finetuner.py`` (batch 48, AdamW, lr 5e-4, weight decay 1e-6, early stopping on
+    val_loss with patience 10, 50 epochs)."""
+    from sklearn.model_selection import train_test_split
+
+    from fedrepro.config import load_project
+    from fedrepro.downstream import fraction_subsets, task_splits
+
+    patients = pd.DataFrame({"patientId": [f"p{i:03d}" for i in range(200)], "Target": np.arange(200) % 5 == 0})
+    train_df, test_val_df = train_test_split(patients, test_size=0.3, random_state=0)   # MGCA's preprocessing
+    test_df, valid_df = train_test_split(test_val_df, test_size=0.5, random_state=0)
+    manifest = pd.DataFrame({"path": patients["patientId"] + ".jpg", "split": np.where(np.arange(200) < 150, "train", "test")})
+    labels = patients["Target"].astype(int).to_numpy()
+    spec = {"dataset": "rsna", "stratified": False, "val_fraction": 0.1, "test_fraction": 0.2,
+            "resplit": {"from": ["train", "val", "test"], "held_out": 0.3, "val_share": 0.5}}
+    splits = task_splits(manifest, labels, spec)
+    named = {k: set(patients["patientId"].iloc[v]) for k, v in splits.items()}
+    assert named == {"train": set(train_df["patientId"]), "val": set(valid_df["patientId"]), "test": set(test_df["patientId"])}
+    covid = task_splits(manifest, labels, {**spec, "resplit": {"from": ["train"], "held_out": 0.2, "val_share": 1.0}})
+    assert np.array_equal(covid["test"], np.arange(150, 200)) and len(covid["val"]) == 30 and len(covid["train"]) == 120
+    random = fraction_subsets(labels, splits["train"], [0.1], 1, np.random.default_rng(0), stratified=False)[0.1]
+    assert len(random) == 14 and set(random) <= set(splits["train"])
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"]}, root=REPO)
+    tasks = project.papers["feddra"]["downstream"]
+    for name in ("rsna_cls", "covid_cls"):
+        t = tasks[name]
+        assert (t["recipe"], t["batch_size"], t["lr"], t["weight_decay"], t["epochs"], t["patience"], t["stratified"]) == \
+            ("mgca", 48, 5e-4, 1e-6, 50, 10, False)
+    assert tasks["rsna_cls"]["resplit"] == spec["resplit"] and tasks["rsna_seg"]["resplit"]["held_out"] == 5337 * 2
+    assert tasks["covid_cls"]["resplit"] == {"from": ["train"], "held_out": 0.2, "val_share": 1.0}
 
 
 # --------------------------------------------------------------------------------------------

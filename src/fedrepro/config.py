@@ -321,7 +321,9 @@ class Project:
 
     def _resolve_train_config(self, paper: str, setting: str, method: str, protocol: str) -> dict:
         p = self.papers[paper]
-        train = deep_merge(deep_merge(p["defaults"], p["settings"][setting].get("train")), p["methods"][method].get("train"))
+        # the paper's defaults for this protocol (protocols: {paper: {train: ...}}), then the setting's and the method's
+        train = deep_merge(p["defaults"], p.get("protocols", {}).get(protocol, {}).get("train"))
+        train = deep_merge(deep_merge(train, p["settings"][setting].get("train")), p["methods"][method].get("train"))
         train = deep_merge(train, self.protocol_override(paper, method, protocol).get("train"))
         if protocol == "paper":
             train.setdefault("precision", PAPER_PRECISION)

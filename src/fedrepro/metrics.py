@@ -190,18 +190,25 @@ def net_benefit_treat_all(y_true: np.ndarray, num_classes: int, thresholds: np.n
     t = np.asarray(thresholds, dtype=float)
     prevalence = np.bincount(np.asarray(y_true), minlength=num_classes)[:num_classes] / len(y_true)
     return np.mean(prevalence[:, None] - (1 - prevalence)[:, None] * (t / (1 - t))[None, :], axis=0)
-def recall_at_k(similarity: np.ndarray, k: int) -> float:
+def recall_at_k(similarity: np.ndarray, k: int, ties: str = "against") -> float:
     """Retrieval Recall@k: the fraction of queries (rows) whose paired item (the same index) is among
-    the ``k`` most similar candidates (columns). Ties count against the model: every other candidate
-    at least as similar as the pair ranks above it (rank = number of such candidates), so a
-    collapsed model whose similarities are all equal scores 0 on any pool of more than k items; a
-    NaN similarity of the pair is a miss."""
+    the ``k`` most similar candidates (columns). ``ties="against"``: every other candidate at least as
+    similar as the pair ranks above it (rank = number of such candidates), so a collapsed model whose
+    similarities are all equal scores 0 on any pool of more than k items; ``ties="index"``: a tied
+    candidate ranks above the pair only when it comes first (a top-k that returns ties in index order).
+    A NaN similarity of the pair is a miss."""
     similarity = np.asarray(similarity, dtype=float)
     if not similarity.size:
         return float("nan")
     paired = np.diag(similarity)[:, None]
     others = ~np.eye(*similarity.shape, dtype=bool)
-    rank = ((similarity >= paired) & others).sum(axis=1)
+    if ties == "index":
+        earlier = np.arange(similarity.shape[1])[None] < np.arange(similarity.shape[0])[:, None]
+        rank = ((similarity > paired) | ((similarity == paired) & earlier)).sum(axis=1)
+    elif ties == "against":
+        rank = ((similarity >= paired) & others).sum(axis=1)
+    else:
+        raise ValueError(f"recall_at_k: unknown ties {ties!r}; allowed: against, index")
     rank = np.where(np.isnan(paired[:, 0]), similarity.shape[1], rank)
     return float(np.mean(rank < k))
 

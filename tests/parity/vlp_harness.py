@@ -40,8 +40,9 @@ def float64():
 
 def tiny_vlp(model: dict, objective: str | None = None, **overrides) -> dict:
     """The run's ``vlp`` model block with a tiny random-init ViT (16 px, 2 x 2 patches) and a
-    one-layer 32-d BERT without dropout, heads 32 -> 16, 8 MGCA prototypes (frozen for one step);
-    the objective and its settings stay the run's (or ``objective``'s schema defaults)."""
+    one-layer 32-d BERT without dropout (in A_T neither), heads 32 -> 16, 8 MGCA prototypes (frozen
+    for one step); the objective and its settings stay the run's (or ``objective``'s schema
+    defaults)."""
     out = copy.deepcopy(model)
     if objective is not None:
         out["objective"] = objective
@@ -51,6 +52,7 @@ def tiny_vlp(model: dict, objective: str | None = None, **overrides) -> dict:
                    "config": {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
                               "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}}
     out["head"] = {"hidden": 32, "dim": 16}
+    out["alignment"] = {**out["alignment"], "text_dropout": 0.0}
     out["mgca"] = {**out["mgca"], "prototypes": 8, "freeze_prototypes_steps": 1}
     out["retrieval"] = {**out["retrieval"], "pool": 8}
     for key, value in overrides.items():
@@ -59,17 +61,17 @@ def tiny_vlp(model: dict, objective: str | None = None, **overrides) -> dict:
 
 
 def vlp_run(paper: str, method: str, objective: str | None = None, *, train: dict | None = None,
-            model: dict | None = None, setting: str | None = None) -> dict:
+            model: dict | None = None, setting: str | None = None, protocol: str | None = None) -> dict:
     """:func:`paper_run` of a ``vlp`` method with :func:`tiny_vlp` (``model``: extra overrides)."""
     train = {"num_workers": 0, **(train or {})}      # in-memory data: no loader processes
-    base = paper_run(paper, method, setting, train=train)
-    return paper_run(paper, method, setting, train=train,
+    base = paper_run(paper, method, setting, train=train, protocol=protocol)
+    return paper_run(paper, method, setting, train=train, protocol=protocol,
                      model=tiny_vlp(base["train"]["model"], objective, **(model or {})))
 
 
-def caption_federation(sizes=(8, 10), test: int = 6, seed: int = 0) -> Federation:
+def caption_federation(sizes=(8, 10), test: int = 6, seed: int = 0, val: int = 0) -> Federation:
     """Captioned 16 px images in memory (per-class colour pattern + noise); a caption names its
-    image's class and adds 0-5 filler words. No validation or global test set."""
+    image's class and adds 0-5 filler words. ``val`` validation pairs per client; no global test set."""
     gen = torch.Generator().manual_seed(seed)
     means = torch.randn(len(CLASS_WORDS), 3, 1, 1, generator=gen)
     row = iter(range(10**6))
@@ -82,7 +84,7 @@ def caption_federation(sizes=(8, 10), test: int = 6, seed: int = 0) -> Federatio
         captions = [" ".join(CLASS_WORDS[label] + FILLER[i % 4: i % 4 + (i * 7) % 6]) for label, i in zip(y.tolist(), rows)]
         return TensorImages(x, y.numpy(), rows, {"caption": captions})
 
-    clients = [ClientData(f"client{i}", i, part(n), part(0), part(test)) for i, n in enumerate(sizes)]
+    clients = [ClientData(f"client{i}", i, part(n), part(val), part(test)) for i, n in enumerate(sizes)]
     return Federation(clients, None, None, ["effusion", "edema", "normal"])
 
 

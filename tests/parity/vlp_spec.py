@@ -8,6 +8,14 @@ this file states.
 Model: u = g_I(A_I(E_I(x))[CLS]), w = g_T(A_T(E_T(t))[CLS]); A_* take [CLS; tokens] and also give
 the [CLS] row of their attention (mean over heads), which MGCA uses as token importance.
 
+Text into A_T (FedDRA's ``encoder.py`` ``BertEncoder``, MGCA's ``aggregate_tokens``; ``SLIA_module.py``
+calls ``align_text_model`` on the hidden states alone): reports are tokenized padded to max_length;
+walking the word pieces up to the first [SEP], a piece that does not start with ``##`` closes the
+word collected so far (the sum of its pieces' features) and starts the next one, ``##`` pieces join
+the current word, and [SEP] closes the last word and is appended itself; the rest is zero vectors up
+to the tokenized length. A_T gets no attention mask (``text_mask: none``; ``padding`` masks the zero
+vectors out, and then reports may be padded to the batch's longest only).
+
 ConVIRT (FedDRA's code): L_ITA = CE(Û Ŵᵀ/τ, I) + CE(Ŵ Ûᵀ/τ, I), Û, Ŵ L2-normalised, τ = 0.07.
 
 GLoRIA (its code, ``gloria_loss.py``): global loss = L_ITA at cosine × temp3 = 10 (τ = 0.1). Local
@@ -33,7 +41,10 @@ softmax(Û Pᵀ/τ_p)]. Total = L_ITA + λ2 L_local + λ3 L_proto.
 Retrieval (FedDRA paper, appendix A.1.2): every client's test pairs, embedded by the evaluated model
 in evaluation mode, split into pools of ``pool`` pairs by a fixed shuffle; for each text the pool's
 images are ranked by cosine; Recall@k = share of texts whose image is among the k best, a tie with
-another image counting against the model; cos_sim = mean cosine of the pairs.
+another image counting against the model; cos_sim = mean cosine of the pairs. The authors' code
+(``data_module.py`` ``val_dataloader``, ``SLIA_module.py`` ``validation_step``/``precision_at_k``):
+the validation pairs in file order, batches of 32 without the last partial one, the mean of
+image-to-text and text-to-image top-k accuracy per batch, ties in index order (``topk``).
 """
 
 from __future__ import annotations
@@ -62,22 +73,45 @@ class Towers:
     mask: torch.Tensor              # text attention mask (True = real token)
 
 
-def tokenize(family, captions, objective: str) -> dict[str, torch.Tensor]:
-    padding = "max_length" if objective == "mgca" else "longest"
-    tokens = family.tokenizer(list(captions), padding=padding, truncation=True, max_length=family.cfg["text"]["max_length"],
+def tokenize(family, captions, cfg: dict) -> dict[str, torch.Tensor]:
+    unmasked = cfg["alignment"]["text_mask"] == "none"
+    padding = "max_length" if cfg["objective"] == "mgca" or unmasked else "longest"
+    tokens = family.tokenizer(list(captions), padding=padding, truncation=True, max_length=cfg["text"]["max_length"],
                               return_tensors="pt")
     return {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}
 
 
+def words_of(tokenizer, features: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One report's word features (the walk described above) and their mask, both of length T."""
+    pieces = tokenizer.convert_ids_to_tokens(ids.tolist())
+    words, bank = [], []
+    for piece, feature in zip(pieces, features):
+        if piece == tokenizer.sep_token:
+            words += [torch.stack(bank).sum(dim=0), feature]
+            break
+        if piece.startswith("##"):
+            bank.append(feature)
+            continue
+        if bank:
+            words.append(torch.stack(bank).sum(dim=0))
+        bank = [feature]
+    padded = torch.cat([torch.stack(words), features.new_zeros(len(features) - len(words), features.shape[1])])
+    return padded, torch.arange(len(features)) < len(words)
+
+
 def towers(family, model, batch: dict, freeze_encoders: bool = False) -> Towers:
-    tokens = tokenize(family, batch["caption"], family.cfg["objective"])
+    cfg = family.cfg
+    tokens = tokenize(family, batch["caption"], cfg)
     frozen = torch.no_grad() if freeze_encoders else contextlib.nullcontext()
     with frozen:
         image = model.image_encoder.forward_features(batch["x"])
         text = model.text_encoder(**tokens).last_hidden_state
     mask = tokens["attention_mask"].bool()
+    if cfg["alignment"]["text_tokens"] == "words":
+        rows = [words_of(family.tokenizer, f, i) for f, i in zip(text, tokens["input_ids"])]
+        text, mask = torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
     image_tokens, image_attention = model.image_align(image)
-    text_tokens, text_attention = model.text_align(text, pad_mask=~mask)
+    text_tokens, text_attention = model.text_align(text, pad_mask=~mask if cfg["alignment"]["text_mask"] == "padding" else None)
     return Towers(model.image_head(image_tokens[:, 0]), model.text_head(text_tokens[:, 0]), image_tokens, text_tokens,
                   image_attention, text_attention, mask)
 
@@ -151,7 +185,9 @@ def mgca_terms(model, t: Towers, m: dict, prototypes: torch.Tensor) -> tuple[tor
     words = F.normalize(model.text_local(t.text_tokens[:, 1:]), dim=-1)
     pad = ~t.mask[:, 1:]
     word_out = F.normalize(torch.softmax(words @ patches.transpose(1, 2) / tau, dim=-1) @ patches, dim=-1)
-    loss_word = weighted_token_nce(words @ word_out.transpose(1, 2) / tau, clipped_weights(t.text_attention, True))
+    # MGCA's word importance is zero on padding (BERT's masked attention, zero-padded by aggregate_tokens)
+    importance = t.text_attention * t.mask[:, 1:]
+    loss_word = weighted_token_nce(words @ word_out.transpose(1, 2) / tau, clipped_weights(importance, True))
     scores = (patches @ words.transpose(1, 2)).masked_fill(pad[:, None, :], float("-inf"))
     patch_out = torch.softmax(scores / tau, dim=-1) @ words
     loss_patch = weighted_token_nce(patches @ patch_out.transpose(1, 2) / tau, clipped_weights(t.image_attention, False))
@@ -240,8 +276,10 @@ def train_client(run: dict, client, rnd: int, model, step_loss, params=None, lr_
 
 
 def evaluate_clients(family, model, fed, run: dict, prefix: str = "") -> dict[str, dict[str, float]]:
-    """Retrieval of ``model`` on every client's test pairs, keyed like the engine's eval keys."""
-    return {f"{prefix}{c.name}": retrieval(family, model, c.test, run) for c in fed.clients}
+    """Retrieval of ``model`` on every client's reported pairs (test, or val as the code), keyed like the
+    engine's eval keys."""
+    split = run["train"]["model"]["retrieval"]["split"]
+    return {f"{prefix}{c.name}": retrieval(family, model, getattr(c, split), run) for c in fed.clients}
 
 
 def check_retrieval(driven, model, fed, run: dict, prefix: str = "", owner: str = "") -> None:
@@ -263,9 +301,12 @@ def loaded(start, state: dict):
     return model
 
 
-def recall(sim: np.ndarray, k: int) -> float:
+def recall(sim: np.ndarray, k: int, ties: str = "against") -> float:
     n = len(sim)
-    better = [(sim[i] >= sim[i, i]).sum() - 1 for i in range(n)]
+    if ties == "index":     # topk returns tied scores in index order
+        better = [(sim[i] > sim[i, i]).sum() + (sim[i, :i] == sim[i, i]).sum() for i in range(n)]
+    else:
+        better = [(sim[i] >= sim[i, i]).sum() - 1 for i in range(n)]
     return float(np.mean([b < k for b in better]))
 
 
@@ -281,15 +322,21 @@ def retrieval(family, model, dataset, run: dict) -> dict[str, float]:
     model.train(was)
     u, w = torch.cat(us).numpy(), torch.cat(ws).numpy()
     r = run["train"]["model"]["retrieval"]
-    order = numpy_rng(0, "retrieval", len(u)).permutation(len(u))     # the fixed shuffle into pools
+    if r["pools"] == "shuffled":
+        order = numpy_rng(0, "retrieval", len(u)).permutation(len(u))     # the fixed shuffle into pools
+    else:
+        order = np.arange(len(u))                                          # the loader's order
     pools = [order[i:i + r["pool"]] for i in range(0, len(u), r["pool"])]
+    if r["drop_last"]:
+        pools = [p for p in pools if len(p) == r["pool"]]
     out = {}
     for k in (1, 5):
         total = 0.0
         for pool in pools:
             sim = w[pool] @ u[pool].T
-            score = recall(sim, k) if r["direction"] == "t2i" else 0.5 * (recall(sim, k) + recall(sim.T, k))
+            t2i = recall(sim, k, r["ties"])
+            score = t2i if r["direction"] == "t2i" else 0.5 * (t2i + recall(sim.T, k, r["ties"]))
             total += score * len(pool)
-        out[f"recall@{k}"] = total / len(u)
+        out[f"recall@{k}"] = total / sum(len(p) for p in pools)
     out["cos_sim"] = float(np.mean(np.sum(u * w, axis=1)))
     return out

@@ -210,6 +210,10 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
             held_ref, held_test = _reference(held, fraction, numpy_rng(seed, "split", "held_out", draw))
             overlaps = check_overlaps(parts.overlaps, f"split kind {kind!r}")
             parts = parts.clients
+        keep = spec.get("keep_clients") or len(parts)
+        if keep > len(parts):
+            raise SplitError(f"split keep_clients: {keep} exceeds the {len(parts)} clients the {kind} split makes")
+        parts = parts[:keep]                     # the rows of the clients left out: used by nobody
         clients = {
             f"client{i}": (_official_parts(pool[part], manifest["split"].to_numpy()) if official else
                            _client_parts(pool[part], spec.get("ratios", DEFAULT_RATIOS), numpy_rng(seed, "split", "client", i)))

@@ -92,7 +92,7 @@ def evaluate_retrieval(method, fed) -> tuple[dict, dict]:
         for owner in fed.clients:
             model = method.model_for(owner)
             metrics.update(client_scores(method, model, fed, lambda c, o=owner: f"{o.name}@{c.name}"))
-        metrics.update(mean_over_models(metrics, names, names))
+        metrics.update(mean_over_models(metrics, names, names, suffixes=eval_splits(method.family)))
     else:
         model = method.model_for(None)
         metrics.update(client_scores(method, model, fed, lambda c: c.name))
@@ -104,12 +104,18 @@ def evaluate_retrieval(method, fed) -> tuple[dict, dict]:
     return metrics, {}
 
 
+def eval_splits(family) -> tuple[tuple[str, str], ...]:
+    """(eval-key suffix, client split) pairs retrieval scores: the family's (e.g. the authors' protocol
+    reports the validation split), by default the test split as ``<client>`` and ``<client>.val``."""
+    return getattr(family, "eval_splits", EVAL_SPLITS)
+
+
 def client_scores(method, model, fed, key) -> dict[str, float]:
     """Retrieval scores of ``model`` on every client's test and validation split, ``key(client) + suffix``."""
     bs, workers, device = method.ctx.train["eval_batch_size"], method.ctx.train.get("num_workers", 0), method.device
     metrics = {}
     for client in fed.clients:
-        for suffix, part in EVAL_SPLITS:
+        for suffix, part in eval_splits(method.family):
             data = getattr(client, part)
             if data is None or len(data) == 0:
                 continue
@@ -118,12 +124,13 @@ def client_scores(method, model, fed, key) -> dict[str, float]:
     return metrics
 
 
-def mean_over_models(metrics: dict, owners: list[str], clients: list[str], prefix: str = "") -> dict[str, float]:
+def mean_over_models(metrics: dict, owners: list[str], clients: list[str], prefix: str = "",
+                     suffixes=EVAL_SPLITS) -> dict[str, float]:
     """A data client's score = the mean over the models (``<prefix><owner>@<client>``), as the
     paper reports local training ("Local.avg")."""
     out = {}
     for client in clients:
-        for suffix, _ in EVAL_SPLITS:
+        for suffix, _ in suffixes:
             for name in RETRIEVAL_METRICS:
                 values = [metrics.get(f"{prefix}{o}@{client}{suffix}/{name}") for o in owners]
                 if all(v is not None for v in values):
@@ -139,7 +146,8 @@ def score_models(method, fed, states: dict[str, dict], prefix: str) -> dict[str,
     for owner, state in states.items():
         method.work.load_state_dict({k: v.to(method.device) for k, v in state.items()})
         metrics.update(client_scores(method, method.work, fed, lambda c, o=owner: f"{prefix}{o}@{c.name}"))
-    metrics.update(mean_over_models(metrics, list(states), [c.name for c in fed.clients], prefix))
+    metrics.update(mean_over_models(metrics, list(states), [c.name for c in fed.clients], prefix,
+                                    eval_splits(method.family)))
     return metrics
 
 

@@ -16,7 +16,8 @@ With ``shallow_rounds = S > 0`` the last S rounds re-train only the shallow laye
 embeddings and the first ``shallow_blocks`` transformer blocks of both encoders) of every client's
 own model on the *combined* training data of all clients, the deeper layers frozen: Fig. 3c
 ("re-training the first four shallow layers of the decentralized pre-trained model on the combined
-local datasets").
+local datasets"). The paper does not say for how long: the grid's one round of 50 local steps
+(``shallow_rounds: 1``) is a guess.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ DECENTRALIZED_PARAMS = {
     },
     "shallow_rounds": {
         "description": "the last rounds re-train only the shallow layers of each client's model on all clients'"
-                       " data (Fig. 3c)",
+                       " data (Fig. 3c; the paper does not say for how long: 1 round is a guess)",
         "type": "integer",
         "minimum": 0,
         "default": 0,

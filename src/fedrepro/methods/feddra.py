@@ -29,7 +29,9 @@ the client received.
 (run under no_grad); stage 2 trains everything; both with L_k. The code runs both stages inside
 every communication turn (stage 1: 20 steps, aggregate; stage 2: 50 steps, aggregate) —
 ``schedule: alternate``, where a round of the engine is one stage; ``staged`` trains stage 1 for the
-first ``stage1_rounds`` rounds and stage 2 afterwards.
+first ``stage1_rounds`` rounds and stage 2 afterwards. In the code every client starts stage 2 from
+its *own* stage-1 model: the stage-1 aggregate only goes into the anchor's ``global_*`` modules
+(``stage2_start: own``, default); ``aggregate`` starts stage 2 from the broadcast stage-1 aggregate.
 
 **Decentralised DRO (§4.3, eq. 2).** min_θ max_{λ∈Λ_ρ} Σ_k λ_k R_k(θ), with
 Λ_ρ = {λ ∈ Δ_K : (1/(2K)) Σ_k (Kλ_k − 1)² ≤ ρ} (χ² ball around uniform). Clients descend
@@ -44,6 +46,10 @@ contrastive term alone (``dro.risk: contrastive``). How λ acts is ``dro.apply``
 (default; the paper's update — client k's learning rate times Kλ_k, so uniform λ changes
 nothing), ``loss_scale`` (the code: the loss is multiplied by λ_k, which Adam's invariance to a
 constant loss scale almost cancels) or ``aggregation_weight`` (the server averages with weights λ).
+As released, the code never carries λ from one turn to the next (``dro.carry_over: false``): the
+weights are a plain attribute of the server module, not saved with its state dict, and every turn
+runs in a new process that rebuilds the server, so every turn trains with λ = 1/K and each mirror
+step starts from uniform; the λ it computes is printed, never used.
 """
 
 from __future__ import annotations
@@ -145,6 +151,7 @@ def dro_update(lam: np.ndarray, risks: np.ndarray, step: float, radius: float) -
 
 # --------------------------------------------------------------------------------------------
 
+ENCODERS = ("image_encoder.", "text_encoder.")
 ALIGNMENT_BLOCKS = ("image_align.", "text_align.")
 HEADS = ("image_head.", "text_head.")
 
@@ -213,6 +220,14 @@ FEDDRA_PARAMS = {
         "oneOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
         "default": None,
     },
+    "stage2_start": {
+        "description": "Where a client's stage-2 round starts. own = its own model at the end of its stage-1 round, "
+                       "as the official code (FedAvg_SLIA_HC.py: the stage-1 aggregate only goes into the anchor's "
+                       "global_* alignment blocks and heads; the server then sends only those); aggregate = the "
+                       "stage-1 aggregate the server broadcasts.",
+        "enum": ["own", "aggregate"],
+        "default": "own",
+    },
     "stage2_steps": {
         "description": "Local steps of a stage-2 round (code max_steps=50, paper \"50 batches per turn\"); null ="
                        " train.local.",
@@ -253,6 +268,15 @@ FEDDRA_PARAMS = {
                 "enum": ["step_size", "loss_scale", "aggregation_weight"],
                 "default": "step_size",
             },
+            "carry_over": {
+                "description": "true = lambda carries over from turn to turn (the paper's update); false = the "
+                               "released code: client_ratio_list is a plain attribute of the server module, not "
+                               "saved with its state dict, and every turn runs in a new process that rebuilds the "
+                               "server, so every turn trains with lambda = 1/K and the mirror step starts from "
+                               "uniform (the lambda it computes is logged and saved, never used).",
+                "type": "boolean",
+                "default": True,
+            },
             "risk_fraction": {
                 "description": "R_k is scored on a fixed random subset (this fraction, floored) of client k's "
                                "training split with the evaluation transform (code 10%).",
@@ -287,6 +311,9 @@ class FedDRA(ModelAveraging):
         self.lam = np.full(k, 1.0 / k)
         self.last_risks = np.full(k, np.nan)
         self.stage = 2
+        self.from_own_stage1 = False
+        # client -> its model at the end of its stage-1 round (stage2_start: own)
+        self.stage1_models = self.client_states("stage1_models")
         self.anchor = copy.deepcopy(self.work).requires_grad_(False)
         if self.params["anchor"] == "code":
             # the code's global_* modules: built on their own (independent random alignment blocks and heads)
@@ -315,9 +342,41 @@ class FedDRA(ModelAveraging):
         """λ is updated once per communication turn: after its stage-2 round under ``alternate``."""
         return not (self.params["two_stage"] and self.params["schedule"] == "alternate") or rnd % 2 == 1
 
+    def starts_from_own_stage1(self, rnd: int) -> bool:
+        """Whether round ``rnd`` is a stage-2 round right after a stage-1 round whose clients start from
+        their own stage-1 models (``stage2_start: own``)."""
+        return (self.params["stage2_start"] == "own" and self.params["two_stage"] and rnd > 0
+                and self.stage_of(rnd) == 2 and self.stage_of(rnd - 1) == 1)
+
     def broadcast(self, rnd):
         self.stage = self.stage_of(rnd)
-        return super().broadcast(rnd)
+        self.from_own_stage1 = self.starts_from_own_stage1(rnd)
+        message = super().broadcast(rnd)
+        if self.from_own_stage1 and self.anchor_state is not None:
+            # the code sends only what the anchor takes from the stage-1 aggregate
+            return {k: v for k, v in message.items() if k.startswith(ALIGNMENT_BLOCKS + HEADS)}
+        return message
+
+    def load_client_model(self, client, message):
+        if not self.from_own_stage1:
+            return super().load_client_model(client, message)
+        # the encoders' parameters were frozen in stage 1, so every client's equal the aggregate's
+        own = {k: v.to(self.device) for k, v in self.stage1_models[client.name].items()}
+        self.work.load_state_dict({**self.server.state_dict(), **own})
+        return self.work
+
+    def stage1_keys(self, state: dict) -> list[str]:
+        """What a client keeps of its stage-1 model: everything but the encoders' parameters (frozen in
+        stage 1, so equal to the aggregate's); their buffers (a CNN's BatchNorm statistics) are kept."""
+        frozen = {n for n, _ in self.server.named_parameters() if n.startswith(ENCODERS)}
+        return [k for k in state if k not in frozen]
+
+    def training_lambda(self) -> np.ndarray:
+        """The λ clients train with: the last one the server computed, or uniform when λ does not carry
+        over between turns (``dro.carry_over: false``, the released code)."""
+        if self.params["dro"]["carry_over"]:
+            return self.lam
+        return np.full(len(self.lam), 1.0 / len(self.lam))
 
     def local_config(self, client, rnd):
         train = copy.deepcopy(self.ctx.train)
@@ -325,7 +384,7 @@ class FedDRA(ModelAveraging):
         if steps:
             train["local"] = {**{k: v for k, v in train["local"].items() if k != "epochs"}, "steps": steps}
         if self.params["dro"]["enabled"] and self.params["dro"]["apply"] == "step_size":
-            train["optimizer"]["lr"] *= len(self.lam) * self.lam[client.index]
+            train["optimizer"]["lr"] *= len(self.lam) * self.training_lambda()[client.index]
         return train
 
     def trainable_parameters(self, model):
@@ -333,8 +392,8 @@ class FedDRA(ModelAveraging):
 
     # ---- local training ---------------------------------------------------------------------
     def before_local_training(self, client, rnd):
-        if self.anchor_state is None:      # the global model this client received
-            self.anchor.load_state_dict(self.work.state_dict())
+        if self.anchor_state is None:      # the global model the server sent
+            self.anchor.load_state_dict(self.server.state_dict())
         else:
             self.anchor.load_state_dict({k: v.to(self.device) for k, v in self.anchor_state.items()})
         self.anchor.train(self.params["anchor_mode"] == "train")
@@ -351,14 +410,20 @@ class FedDRA(ModelAveraging):
                 ref = self.family.forward(self.anchor, batch).extra
             loss = loss + self.params["constraint_weight"] * self.constraint(out, ref)
         if self.params["dro"]["enabled"] and self.params["dro"]["apply"] == "loss_scale":
-            loss = loss * float(self.lam[client.index])
+            loss = loss * float(self.training_lambda()[client.index])
         return loss, out
+
+    def after_local_training(self, client, rnd):
+        if self.starts_from_own_stage1(rnd + 1):
+            state = self.work.state_dict()
+            self.stage1_models[client.name] = _cpu({k: state[k] for k in self.stage1_keys(state)})
 
     # ---- server ---------------------------------------------------------------------------
     def aggregation_weights(self, updates):
         if self.params["dro"]["enabled"] and self.params["dro"]["apply"] == "aggregation_weight":
             index = {c.name: c.index for c in self.fed.clients}
-            return [float(self.lam[index[u.client]]) for u in updates]
+            lam = self.training_lambda()
+            return [float(lam[index[u.client]]) for u in updates]
         return super().aggregation_weights(updates)
 
     def refresh_anchor(self, rnd: int) -> None:
@@ -383,7 +448,7 @@ class FedDRA(ModelAveraging):
         if dro["enabled"] and self.turn_ends(rnd):
             risks = np.array([self.client_risk(c) for c in self.fed.clients])
             self.ctx.comm.record(rnd, "up", torch.as_tensor(risks, dtype=torch.float32))   # one scalar per client
-            self.lam = dro_update(self.lam, risks, dro["step_size"], dro["radius"])
+            self.lam = dro_update(self.training_lambda(), risks, dro["step_size"], dro["radius"])
             self.last_risks = risks
             self.ctx.log.info("FedDRA round %d: risks %s -> lambda %s", rnd + 1, np.round(risks, 4), np.round(self.lam, 4))
 
@@ -419,17 +484,20 @@ class FedDRA(ModelAveraging):
         layout["device_models"] += 1                 # the anchor model
         if self.params["anchor"] == "code":
             layout["host_extra"] += self.state_bytes()
+        if self.params["stage2_start"] == "own" and self.params["two_stage"]:
+            layout["per_client"]["stage1_models"] = self.state_bytes(self.stage1_keys(self.server.state_dict()))
         return layout
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "lambda": self.lam.tolist(), "risks": self.last_risks.tolist(),
-                "anchor": self.anchor_state}
+                "anchor": self.anchor_state, "stage1_models": self.stage1_models.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.lam = np.asarray(state["lambda"], dtype=float)
         self.last_risks = np.asarray(state["risks"], dtype=float)
         self.anchor_state = state.get("anchor", self.anchor_state)
+        self.stage1_models.load_state_dict(state.get("stage1_models", {}))
 
     def final_model(self) -> dict:
         return {**super().final_model(), "lambda": self.lam.tolist()}

@@ -146,9 +146,9 @@ class DualEncoder(nn.Module):
         d_img, d_txt = image_width(image_encoder), text_encoder.config.hidden_size
         align = cfg["alignment"]
         self.image_align = AlignmentBlock(d_img, image_heads(image_encoder), align["mlp_ratio"],
-                                          align["dropout"], norm_first=True, eps=1e-6)
+                                          align["image_dropout"], norm_first=True, eps=1e-6)
         self.text_align = AlignmentBlock(d_txt, text_encoder.config.num_attention_heads, align["mlp_ratio"],
-                                         align["dropout"], norm_first=False, eps=text_encoder.config.layer_norm_eps)
+                                         align["text_dropout"], norm_first=False, eps=text_encoder.config.layer_norm_eps)
         head = cfg["head"]
         self.image_head = ProjectionHead(d_img, head["hidden"], head["dim"])
         self.text_head = ProjectionHead(d_txt, head["hidden"], head["dim"])
@@ -189,6 +189,31 @@ class DualEncoder(nn.Module):
         """Everything but the encoders: alignment modules, heads, local heads, prototypes (stage 1)."""
         encoder_ids = {id(p) for p in self.encoder_parameters()}
         return (p for p in self.parameters() if id(p) not in encoder_ids)
+
+
+def continuation_ids(tokenizer) -> torch.Tensor:
+    """A bool per vocabulary id: whether the word piece continues a word (``##...``)."""
+    flags = torch.zeros(len(tokenizer), dtype=torch.bool)
+    for piece, index in tokenizer.get_vocab().items():
+        flags[index] = piece.startswith("##")
+    return flags
+
+
+def aggregate_words(hidden: torch.Tensor, input_ids: torch.Tensor, continuation: torch.Tensor,
+                    sep_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """MGCA's ``aggregate_tokens`` (the FedDRA code's BertEncoder): up to and including the first
+    [SEP], every word piece that does not start with ``##`` opens a token and ``##`` pieces are
+    summed into it ([CLS] and [SEP] are tokens of their own); the rest of the B x T x D output is
+    zero vectors. -> (tokens, mask: True for [CLS], the words and [SEP])."""
+    b, t, d = hidden.shape
+    sep_seen = torch.cumsum((input_ids == sep_id).int(), dim=1)
+    text = (sep_seen == 0) | ((sep_seen == 1) & (input_ids == sep_id))     # through the first [SEP]
+    opens = text & ~continuation[input_ids]
+    group = torch.cumsum(opens.int(), dim=1) - 1
+    group = torch.where(text & (group >= 0), group, torch.full_like(group, t))   # everything else: a spare slot
+    out = hidden.new_zeros(b, t + 1, d).scatter_add_(1, group[..., None].expand(-1, -1, d), hidden)
+    words = opens.sum(dim=1, keepdim=True)
+    return out[:, :t], torch.arange(t, device=hidden.device)[None] < words
 
 
 class PadToSquare:
@@ -312,7 +337,30 @@ VLP_PARAMS = {
         "default": {},
         "properties": {
             "mlp_ratio": {"type": "number", "exclusiveMinimum": 0, "default": 4.0},
-            "dropout": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.0},
+            "image_dropout": {
+                "description": "dropout of A_I (attention and residual branches); the code's A_I is a ViTLayer of "
+                               "google/vit-base-patch16-224's config: 0",
+                "type": "number", "minimum": 0, "maximum": 1, "default": 0.0,
+            },
+            "text_dropout": {
+                "description": "dropout of A_T (attention probabilities and residual branches); the code's A_T is a "
+                               "BertLayer of bert-base-uncased's config: 0.1",
+                "type": "number", "minimum": 0, "maximum": 1, "default": 0.1,
+            },
+            "text_tokens": {
+                "description": "what A_T reads after [CLS]: words = MGCA's aggregate_tokens (the code's "
+                               "BertEncoder): the word pieces of a word summed into one token, [SEP] kept, then "
+                               "zero vectors up to the tokenized length; pieces = BERT's word pieces as they are",
+                "enum": ["words", "pieces"],
+                "default": "words",
+            },
+            "text_mask": {
+                "description": "none = the code: A_T is called without an attention mask, so [CLS] and the words "
+                               "also attend to the zero-padding (reports are then padded to max_length, as the "
+                               "code's tokenizer does); padding = padding positions are masked out",
+                "enum": ["none", "padding"],
+                "default": "none",
+            },
         },
     },
     "head": {
@@ -393,18 +441,46 @@ VLP_PARAMS = {
         "additionalProperties": False,
         "default": {},
         "properties": {
+            "split": {
+                "description": "the split of every client that the eval keys <client> report: test (the paper's "
+                               "\"test splits of client datasets\"), or val, as the code's retrieval loader "
+                               "(DataModule.val_dataloader, and the paper's appendix); the other split is reported "
+                               "as <client>.val or <client>.test",
+                "enum": ["test", "val"],
+                "default": "test",
+            },
             "pool": {
                 "description": "Recall@k ranks each text against the images of its pool (\"batch\") of this many "
-                               "pairs; the code's batch size is 72",
+                               "pairs; the code's training batch is 72, its validation loader's 32",
                 "type": "integer",
                 "minimum": 2,
                 "default": 72,
+            },
+            "pools": {
+                "description": "shuffled = consecutive pairs of one fixed shuffle of the split (the same for every "
+                               "method), so a pool rarely holds two images of one study; ordered = consecutive pairs "
+                               "in the split's file order, as the code's unshuffled loader (a study's images and "
+                               "their identical report stay together)",
+                "enum": ["shuffled", "ordered"],
+                "default": "shuffled",
+            },
+            "drop_last": {
+                "description": "drop the last pool when it holds fewer than pool pairs (the code's loader: drop_last)",
+                "type": "boolean",
+                "default": False,
             },
             "direction": {
                 "description": "t2i = texts retrieve images (the paper); both = mean of text->image and "
                                "image->text (the code's precision_at_k)",
                 "enum": ["t2i", "both"],
                 "default": "t2i",
+            },
+            "ties": {
+                "description": "against = a candidate as similar as the pair ranks above it (a collapsed model "
+                               "scores 0); index = ties are broken by position, the lower first, as a top-k "
+                               "over the scores (the code's precision_at_k) returns them",
+                "enum": ["against", "index"],
+                "default": "against",
             },
         },
     },
@@ -434,6 +510,7 @@ class VisionLanguageFamily(ModelFamily):
         global_t = cfg["gloria"].get("global_temperature") if self.objective == "gloria" else None
         self.ita_temperature = float(global_t) if global_t is not None else self.temperature
         self._tokenizer = None
+        self._continuation = None      # which vocabulary ids continue a word (``##...``)
 
     # ---- construction -----------------------------------------------------------------------
     def build(self) -> DualEncoder:
@@ -457,10 +534,12 @@ class VisionLanguageFamily(ModelFamily):
         return self._tokenizer
 
     def tokenize(self, captions, device) -> dict[str, torch.Tensor]:
-        """Word-piece ids and attention mask. MGCA (like the FedDRA code's data pipeline) pads every
-        report to ``max_length`` and its word-level loss sees the padding; the other objectives do
-        not, so they pad to the batch's longest report (same embeddings, less work)."""
-        padding = "max_length" if self.objective == "mgca" else "longest"
+        """Word-piece ids and attention mask. The FedDRA code's data pipeline (like MGCA's) pads every
+        report to ``max_length``; that padding is seen by MGCA's word-level loss and, without a mask
+        (``alignment.text_mask: none``), by A_T. Otherwise reports are padded to the batch's longest
+        (same embeddings, less work)."""
+        unmasked = self.cfg["alignment"]["text_mask"] == "none"
+        padding = "max_length" if self.objective == "mgca" or unmasked else "longest"
         tokens = self.tokenizer(list(captions), padding=padding, truncation=True,
                                 max_length=self.cfg["text"]["max_length"], return_tensors="pt")
         return {"input_ids": tokens["input_ids"].to(device), "attention_mask": tokens["attention_mask"].to(device)}
@@ -471,18 +550,27 @@ class VisionLanguageFamily(ModelFamily):
         mean, std = NORMALISATION[self.cfg["image"]["normalize"]]
         return T.Normalize(mean, std)
 
-    def eval_geometry(self, nearest: bool = False):
+    def eval_geometry(self, nearest: bool = False, crop: bool = True):
         """The PIL-level part of the evaluation transform (pad-resize + centre crop); with
-        ``nearest`` for label masks, so a mask stays aligned with its image."""
+        ``nearest`` for label masks, so a mask stays aligned with its image. ``crop=False``: pad-resized
+        to the image size itself (MGCA's segmentation data: the whole image, no crop)."""
         from torchvision import transforms as T
 
         image = self.cfg["image"]
+        if not crop:
+            return PadToSquare(image["image_size"], nearest)
         return T.Compose([PadToSquare(image["resize"], nearest), T.CenterCrop(image["image_size"])])
+
+    def tensor_transform(self):
+        """PIL image -> the normalised tensor the encoder reads (the transforms' last steps)."""
+        from torchvision import transforms as T
+
+        return T.Compose([T.ToTensor(), self._normalise()])
 
     def eval_transform(self):
         from torchvision import transforms as T
 
-        return T.Compose([self.eval_geometry(), T.ToTensor(), self._normalise()])
+        return T.Compose([self.eval_geometry(), self.tensor_transform()])
 
     def train_transform(self):
         from torchvision import transforms as T
@@ -498,18 +586,24 @@ class VisionLanguageFamily(ModelFamily):
         return encoder_tokens(model.image_encoder, x)
 
     def text_tokens(self, model: DualEncoder, captions, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """E_T: [CLS; word-piece tokens] (B x T x D) and the attention mask (B x T, 1 = real token)."""
+        """E_T's tokens as A_T reads them (B x T x D) and which of them are text (B x T, 1 = [CLS], a word
+        or [SEP]): word pieces, or words (``alignment.text_tokens``, :func:`aggregate_words`)."""
         tokens = self.tokenize(captions, device)
-        return model.text_encoder(**tokens).last_hidden_state, tokens["attention_mask"]
+        hidden = model.text_encoder(**tokens).last_hidden_state
+        if self.cfg["alignment"]["text_tokens"] == "pieces":
+            return hidden, tokens["attention_mask"]
+        if self._continuation is None:
+            self._continuation = continuation_ids(self.tokenizer)
+        return aggregate_words(hidden, tokens["input_ids"], self._continuation.to(device), self.tokenizer.sep_token_id)
 
     @staticmethod
     def embed_image(model: DualEncoder, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         aligned, attention = model.image_align(tokens)
         return {"image_emb": model.image_head(aligned[:, 0]), "image_aligned": aligned, "image_attention": attention}
 
-    @staticmethod
-    def embed_text(model: DualEncoder, tokens: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        aligned, attention = model.text_align(tokens, pad_mask=~mask.bool())
+    def embed_text(self, model: DualEncoder, tokens: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        pad_mask = ~mask.bool() if self.cfg["alignment"]["text_mask"] == "padding" else None
+        aligned, attention = model.text_align(tokens, pad_mask=pad_mask)
         return {"text_emb": model.text_head(aligned[:, 0]), "text_aligned": aligned, "text_attention": attention,
                 "text_mask": mask.bool()}
 
@@ -616,6 +710,18 @@ class VisionLanguageFamily(ModelFamily):
         return out["image_aligned"][:, 0] if features == "aligned" else out["image_emb"]
 
     @staticmethod
+    def image_token_map(model: DualEncoder, x: torch.Tensor) -> torch.Tensor:
+        """E_I's last-layer tokens as a map (B x D x h x w): a ViT's patch tokens after its final norm
+        (what MGCA's SETR decoder reads), a CNN's last feature map."""
+        encoder = model.image_encoder
+        out = encoder.forward_features(x)
+        if not is_vit(encoder):
+            return out
+        h, w = x.shape[-2] // encoder.patch_embed.patch_size[0], x.shape[-1] // encoder.patch_embed.patch_size[1]
+        patches = out[:, encoder.num_prefix_tokens:]
+        return patches.transpose(1, 2).reshape(len(x), -1, h, w)
+
+    @staticmethod
     def image_feature_maps(model: DualEncoder, x: torch.Tensor, levels: int) -> list[torch.Tensor]:
         """Token maps (B x D x h x w) of ``levels`` evenly spaced encoder blocks (CNN: stages), shallow to deep."""
         encoder = model.image_encoder
@@ -639,20 +745,30 @@ class VisionLanguageFamily(ModelFamily):
         model.train(was_training)
         return torch.cat(us).numpy(), torch.cat(ws).numpy()
 
+    @property
+    def eval_splits(self) -> tuple[tuple[str, str], ...]:
+        """(eval-key suffix, client split) pairs that retrieval scores: the reported split first."""
+        if self.cfg["retrieval"]["split"] == "val":
+            return (("", "val"), (".test", "test"))
+        return (("", "test"), (".val", "val"))
+
     def retrieval_scores(self, u: np.ndarray, w: np.ndarray) -> dict[str, float]:
-        """Recall@k over pools of ``retrieval.pool`` pairs (a fixed shuffle of the split, the same for
-        every method) and the mean cosine similarity of the pairs."""
+        """Recall@k over pools of ``retrieval.pool`` pairs (consecutive pairs of a fixed shuffle of the
+        split, the same for every method, or of the split's own order) and the mean cosine similarity of
+        the pairs."""
         r = self.cfg["retrieval"]
-        order = numpy_rng(0, "retrieval", len(u)).permutation(len(u))
+        order = numpy_rng(0, "retrieval", len(u)).permutation(len(u)) if r["pools"] == "shuffled" else np.arange(len(u))
         pools = [order[i:i + r["pool"]] for i in range(0, len(order), r["pool"])]
+        if r["drop_last"]:
+            pools = [pool for pool in pools if len(pool) == r["pool"]]
         out = {}
         for k in (1, 5):
             hits, total = 0.0, 0
             for pool in pools:
                 sim = w[pool] @ u[pool].T                       # rows: text queries, columns: images
-                score = recall_at_k(sim, k)
+                score = recall_at_k(sim, k, r["ties"])
                 if r["direction"] == "both":
-                    score = 0.5 * (score + recall_at_k(sim.T, k))
+                    score = 0.5 * (score + recall_at_k(sim.T, k, r["ties"]))
                 hits += score * len(pool)
                 total += len(pool)
             out[f"recall@{k}"] = hits / total if total else float("nan")

@@ -112,20 +112,26 @@ def report_sections(text: str) -> dict[str, str]:
 
 
 def clean_caption(text: str) -> str:
-    """Sentences of lower-cased alphanumeric tokens joined by '. ' (MGCA's report cleaning)."""
+    """MGCA's report cleaning as the FedDRA code runs it (``pretrain_dataset.py``): newlines become spaces,
+    the text is cut at numbered-list marks ("1.") and at every "."; a sentence is its lower-cased ``\\w+``
+    tokens without their non-ASCII characters; sentences of one token are dropped; the rest are joined
+    with spaces (``get_caption``)."""
     sentences = []
-    for sentence in re.split(r"[.\n]+", text.lower()):
-        tokens = re.findall(r"[a-z0-9]+", sentence)
-        if tokens:
-            sentences.append(" ".join(tokens))
-    return ". ".join(sentences)
+    for point in re.split(r"[0-9]+\.", text.replace("\n", " ")):
+        for sentence in point.split("."):
+            tokens = re.findall(r"\w+", sentence.replace("\ufffd\ufffd", " ").lower())
+            if len(tokens) <= 1:
+                continue
+            tokens = [t for t in (t.encode("ascii", "ignore").decode("ascii") for t in tokens) if t]
+            if tokens:
+                sentences.append(" ".join(tokens))
+    return " ".join(sentences)
 
 
 def report_caption(text: str) -> str:
-    """Impression + findings of a report (as MGCA/FedDRA pre-train on), cleaned."""
+    """Impression + " " + findings of a report (as MGCA/FedDRA pre-train on), cleaned."""
     sections = report_sections(text)
-    parts = [sections.get("impression", ""), sections.get("findings", "")]
-    return clean_caption(" . ".join(p for p in parts if p))
+    return clean_caption(sections.get("impression", "") + " " + sections.get("findings", ""))
 
 
 def findings_code(row: pd.Series) -> int:
@@ -178,7 +184,7 @@ def mimic_cxr(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
                 no_report.append(f"{folder}/s{study}.txt")
             captions[study] = report_caption(report.read_text(errors="replace")) if report else ""
         caption = captions[study]
-        if len(re.findall(r"[a-z0-9]+", caption)) < spec.options["min_tokens"]:
+        if len(caption.split()) < spec.options["min_tokens"]:
             continue
         code = findings_code(pd.Series({k: rec.get(k) for k in FINDINGS}))
         rows.append({"path": f"{spec.name}/{folder}/s{study}/{rec['dicom_id']}.jpg", "class_name": MIMIC_CLASSES[code],
