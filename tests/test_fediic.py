@@ -41,7 +41,7 @@ from fedrepro.methods.fedproc import (
     prototype_contrastive,
     weighted_prototypes,
 )
-from fedrepro.methods.fedrs import restricted_scores
+from fedrepro.methods.fedrs import class_scale, restricted_scores
 from fedrepro.methods.imbalance import logit_adjusted_cross_entropy
 from fedrepro.methods.prr_imb import (
     cpa_loss,
@@ -150,9 +150,16 @@ def test_class_loss_sums_and_global_mean():
 # ---- baselines ----------------------------------------------------------------------------------
 
 def test_fedrs_fedlc_fedproc_pieces():
-    scores = restricted_scores(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([True, False, True]), 0.5)
-    assert scores.tolist() == [[1.0, 1.0, 3.0]]
-    assert restricted_scores(torch.tensor([[1.0, 2.0]]), torch.tensor([False, True]), 0.0).tolist() == [[0.0, 2.0]]
+    """FedRS: lxcnju/FedRepo algorithms/fedrs.py scales every class by (p_c / max p)(1 - alpha) + alpha
+    (``distribution``); the paper's text by 1 / alpha for present / absent classes (``presence``)."""
+    counts = torch.tensor([8.0, 2.0, 0.0, 4.0])
+    assert class_scale(counts, 0.0, "distribution").tolist() == [1.0, 0.25, 0.0, 0.5]
+    assert class_scale(counts, 0.5, "distribution").tolist() == [1.0, 0.625, 0.5, 0.75]
+    assert class_scale(counts, 0.5, "presence").tolist() == [1.0, 1.0, 0.5, 1.0]
+    h, w, b = torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]]), torch.ones(4)
+    scale = class_scale(counts, 0.0, "distribution")
+    assert restricted_scores(h, w, scale).tolist() == [[1.0, 0.5, 0.0, 1.0]]             # no bias
+    assert restricted_scores(h, w, scale, b).tolist() == [[2.0, 0.75, 0.0, 1.5]]
     margin = calibration(torch.tensor([16.0, 1.0, 0.0]), tau=1.0)
     assert margin[:2].tolist() == pytest.approx([-0.5, -1.0]) and margin[2].item() == float("-inf")
     r, protos = torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.0], [0.0, 3.0]])

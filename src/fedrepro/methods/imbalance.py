@@ -81,6 +81,19 @@ def head_of(model: nn.Module) -> nn.Linear:
     return head
 
 
+@contextlib.contextmanager
+def classifier_input(model: nn.Module):
+    """Within the block, ``read()`` returns what the model's linear ``head`` was last called on in a
+    forward pass (the features the classifier reads, after dropout): for losses that the official
+    code computes from them rather than from the logits (FedRS's w . h without the bias)."""
+    seen: list[torch.Tensor] = []
+    handle = head_of(model).register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        yield lambda: seen[-1]
+    finally:
+        handle.remove()
+
+
 def projector_of(model: nn.Module) -> nn.Module:
     projector = getattr(model, "projector", None)
     if projector is None:
