@@ -602,23 +602,85 @@ def test_prr_one_local_epoch_restarts_prototypes_from_ones(demo_project):
     assert _method(demo_project, "prr_imb").class_weights(st, 0) is None           # before init_rounds
 
 
-def test_climb_client_loss_sums_batch_means(demo_project):
-    """The CLIMB code's f_k: the sum over the client's mini-batches of the batch-mean loss."""
+def test_climb_client_loss_options(demo_project):
+    """f_k per example in eval mode (``client_loss: mean``, ``loss_mode: eval``) is the plain mean
+    cross-entropy; the defaults are the CLIMB code's (the batch sum in train mode over n_k // 5 batches,
+    a dual step every 5 rounds: tests/parity/test_fediic_climb.py)."""
     import torch.nn.functional as F
 
-    method = _method(demo_project, "climb")
-    client = method.fed.clients[0]
-    size = method.ctx.train["batch_size"]
+    mean = _method(demo_project, "climb", client_loss="mean", loss_mode="eval")
+    client = mean.fed.clients[0]
     x = torch.stack([client.train[i]["x"] for i in range(len(client.train))])
     y = torch.as_tensor(client.train.labels)
-    method.server.eval()
+    mean.server.eval()
     with torch.no_grad():
-        logits = method.family.forward(method.server, {"x": x, "y": y}).logits
-    expected = sum(float(F.cross_entropy(logits[i:i + size], y[i:i + size])) for i in range(0, len(y), size))
-    assert method.global_loss(method.server, client) == pytest.approx(expected, rel=1e-5)
-    mean = _method(demo_project, "climb", client_loss="mean")
+        logits = mean.family.forward(mean.server, {"x": x, "y": y}).logits
     assert mean.global_loss(mean.server, client) == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
-    assert method.params["lambda_max"] == 100.0
+    defaults = _method(demo_project, "climb").params
+    assert {k: defaults[k] for k in ("lambda_max", "loss_batches", "dual_every", "loss_mode", "client_loss")} == \
+        {"lambda_max": 100.0, "loss_batches": 5, "dual_every": 5, "loss_mode": "train", "client_loss": "batch_sum"}
+
+
+class SameImage:
+    """``n`` copies of one image through ``transform`` (a random augmentation), label ``labels[i]``."""
+
+    def __init__(self, image, transform, labels):
+        self.image, self.transform, self.labels = image, transform, np.asarray(labels)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"x": self.transform(self.image), "y": int(self.labels[i]), "index": i}
+
+
+def test_passes_over_training_images_draw_an_augmentation_per_image():
+    """FedIIC's code measures the difficulty on each image's own augmented view (train_FedIIC.py:
+    ``images_all`` = view 1 of every image, drawn by the training transform); the passes over training
+    data (difficulty, prototypes, CLIMB's f_k, PRR-Imb's F1) give every image its own crop and
+    RandAugment draw, deterministic under the pass's keys."""
+    from PIL import Image
+
+    from fedrepro.device import Compute
+    from fedrepro.methods.imbalance import fixed_randomness, outputs_over
+
+    family = _family(views=1)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    data = SameImage(image, family.train_transform(), [0, 1, 2, 0])
+    model = family.build()
+
+    def first_batch(*keys):
+        with fixed_randomness(0, "augment", "test", *keys):
+            return next(outputs_over(family, model, data, {"eval_batch_size": 4}, Compute(torch.device("cpu"))))[1]["x"]
+
+    x = first_batch(1)
+    assert not torch.equal(x[0], x[1]) and not torch.equal(x[1], x[2])       # one crop per image
+    assert torch.equal(first_batch(1), x) and not torch.equal(first_batch(2), x)
+
+
+def test_fediic_fresh_difficulty_views_differ_from_the_fixed_ones(demo_project):
+    """``difficulty_augment: fixed`` measures every round on the views drawn once (the code augments
+    once at start-up); ``fresh`` draws new ones every round."""
+    method = _method(demo_project, "fediic")
+    client = method.fed.clients[0]
+    data = client.train
+
+    class Noisy:                                     # each item its own random view of its image
+        labels = data.labels
+
+        def __len__(self):
+            return len(data)
+
+        def __getitem__(self, i):
+            item = data[i]
+            return {**item, "x": item["x"] + torch.randn_like(item["x"])}
+
+    client.train = Noisy()
+    fixed = [method.client_class_losses(client, rnd)[0] for rnd in (1, 2)]
+    method.params["difficulty_augment"] = "fresh"
+    fresh = [method.client_class_losses(client, rnd)[0] for rnd in (1, 2)]
+    assert torch.equal(fixed[0], fixed[1])
+    assert not torch.allclose(fresh[0], fixed[0]) and not torch.allclose(fresh[0], fresh[1])
 
 
 # ---- the demo config end to end -------------------------------------------------------------------------
