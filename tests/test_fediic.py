@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from conftest import build_image_caches, draw_figure
 from dicom_files import write_dicom
 from fedrepro.data.datasets import demo_sets, head_ct, skin
+from fedrepro.data.partition import SplitError
 from fedrepro.data.splitters.fediic import (
     dirichlet_group,
     equal_recut,
@@ -350,6 +351,70 @@ def test_creff_sampler_is_the_official_one_for_odd_client_counts(num_clients, n)
     ours = split_creff(labels, np.array([""] * n), {"clients": num_clients, "alpha": 1.0, "group_size": 10},
                        np.random.RandomState(7))
     assert [part.tolist() for part in ours] == official_creff_sampler(labels, num_clients, 1.0, seed=7)
+
+
+def authors_split(truth_csv: Path, n_clients: int, alpha: float, seed: int) -> dict:
+    """The authors' clients, validation and test images, re-written from wnn2000/FedIIC:
+    ``dataset/dataset.py::SkinDataset.__init__`` (labels = argmax of the one-hot columns; np.random.seed(0),
+    a permutation of the CSV's rows; [:0.7 n] train, [0.7 n:0.8 n] valid, [0.8 n:] test) and
+    ``train_FedIIC.py`` (``classify_label`` of the training targets, then ``clients_indices`` with
+    ``args.seed``: :func:`official_creff_sampler`), the clients' indices being positions in the training set."""
+    frame = pd.read_csv(truth_csv)
+    images, targets = frame["image"].values, np.argmax(frame.iloc[:, 1:].values.astype("int"), axis=1)
+    n = len(images)
+    np.random.seed(0)
+    order = np.random.permutation(n)
+    images, targets = images[order], targets[order]
+    train_images, train_targets = images[:int(0.7 * n)], targets[:int(0.7 * n)]
+    clients = official_creff_sampler(train_targets, n_clients, alpha, seed)
+    return {"clients": [sorted(train_images[c].tolist()) for c in clients],
+            "valid": sorted(images[int(0.7 * n):int(0.8 * n)].tolist()), "test": sorted(images[int(0.8 * n):].tolist())}
+
+
+@pytest.mark.parametrize("n_clients", [10, 12])
+def test_fediic_code_split_is_the_authors_clients(tmp_path, n_clients):
+    """Split kind ``fediic_code`` on an ISIC 2019 layout whose ground-truth CSV is not in file-name order
+    gives the authors' clients (train), their validation set (the union of the clients' validation
+    parts) and their test set (the global test set), image for image."""
+    from fedrepro.data.partition import make_split
+    from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
+
+    rng = np.random.default_rng(n_clients)
+    names = [f"ISIC_{i:07d}" for i in rng.permutation(523)]            # the CSV's row order
+    labels = rng.choice(8, size=len(names), p=[0.3, 0.35, 0.12, 0.06, 0.1, 0.03, 0.02, 0.02])
+    labels[:8] = np.arange(8)
+    base = tmp_path / "isic2019"
+    (base / "ISIC_2019_Training_Input").mkdir(parents=True)
+    for name in names:
+        (base / "ISIC_2019_Training_Input" / f"{name}.jpg").touch()
+    columns = ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC", "UNK"]
+    truth = pd.DataFrame([{"image": name, **{c: float(k == y) for k, c in enumerate(columns)}} for name, y in zip(names, labels)])
+    truth.to_csv(base / "ISIC_2019_Training_GroundTruth.csv", index=False)
+    pd.DataFrame({"image": names, "lesion_id": ""}).to_csv(base / "ISIC_2019_Training_Metadata.csv", index=False)
+    manifest = prepare_dataset(dataset("isic2019"), tmp_path)
+
+    split = make_split(manifest, {"kind": "fediic_code", "clients": n_clients, "alpha": 1.0, "group_size": 10}, 0)
+    image = manifest["image_id"].to_numpy()
+    authors = authors_split(base / "ISIC_2019_Training_GroundTruth.csv", n_clients, 1.0, seed=0)
+    assert [sorted(image[p["train"]].tolist()) for p in split.clients.values()] == authors["clients"]
+    assert sorted(image[np.concatenate([p["val"] for p in split.clients.values()])].tolist()) == authors["valid"]
+    assert sorted(image[split.global_test].tolist()) == authors["test"] and not len(split.reference)
+    with pytest.raises(SplitError, match="global_test: none"):
+        make_split(manifest, {"kind": "fediic_code", "clients": 10, "alpha": 1.0, "global_test": {"fraction": 0.2}}, 0)
+
+
+def test_fediic_isic_uses_the_authors_split_under_the_paper_protocol():
+    from fedrepro.config import load_project
+
+    project = load_project([REPO / "config/config.yaml"], {"papers": ["fediic"], "seeds": [0], "protocols": ["clean", "paper"]},
+                           root=REPO)
+    assert project.split_spec("fediic", "isic", "paper")["kind"] == "fediic_code"
+    assert project.split_spec("fediic", "isic", "clean")["kind"] == "creff"
+    paper, clean = (project.run_config(project.run_key("fediic", "isic", "fedavg", 0, p)) for p in ("paper", "clean"))
+    assert paper["split_id"] != clean["split_id"] and paper["split_id"] in project.splits()
+    ich = [project.run_config(project.run_key("fediic", "ich", "fedavg", 0, p))["split_id"] for p in ("paper", "clean")]
+    assert ich[0] == ich[1]                     # ICH: the authors' data.csv is not public, one split for both
 
 
 # ---- datasets -----------------------------------------------------------------------------------

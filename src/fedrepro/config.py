@@ -258,7 +258,7 @@ class Project:
             if rule in TEST_RULES:
                 asks.append(f"selection rule {rule!r} picks the reported round on the test set")
             algorithm = self.papers[paper]["methods"][method].get("method", method)
-            split = self.papers[paper]["settings"][setting]["split"]
+            split = self.split_spec(paper, setting, "clean")
             if (METHODS.get(algorithm).obj.reads_target(self.method_params(paper, method, "clean"))
                     and float(split.get("reference_fraction", 0)) <= 0):
                 asks.append("its domain-adaptation target would be the global test set (the split has no "
@@ -322,17 +322,23 @@ class Project:
         schema = _schema(str(self.root.resolve()), "paper.schema.yaml")
         return validate(train, {"$defs": schema["$defs"], **schema["$defs"]["resolved_train"]}, where)
 
-    def split_seed(self, paper: str, setting: str, seed: int) -> int:
-        value = self.papers[paper]["settings"][setting]["split"].get("seed", 0)
+    def split_spec(self, paper: str, setting: str, protocol: str | None = None) -> dict:
+        """The split ``setting`` uses under ``protocol``: the setting's ``protocols: {<protocol>: {split}}``
+        where it has one (e.g. the authors' own split under ``paper``), else its ``split``."""
+        s = self.papers[paper]["settings"][setting]
+        return s.get("protocols", {}).get(protocol, {}).get("split") or s["split"]
+
+    def split_seed(self, paper: str, setting: str, seed: int, protocol: str | None = None) -> int:
+        value = self.split_spec(paper, setting, protocol).get("seed", 0)
         return seed if value == "run" else int(value)
 
-    def split_id(self, paper: str, setting: str, seed: int) -> str:
-        s = self.papers[paper]["settings"][setting]
-        spec = {k: v for k, v in s["split"].items() if k != "seed"}
-        split_seed = self.split_seed(paper, setting, seed)
+    def split_id(self, paper: str, setting: str, seed: int, protocol: str | None = None) -> str:
+        dataset = self.papers[paper]["settings"][setting]["dataset"]
+        spec = {k: v for k, v in self.split_spec(paper, setting, protocol).items() if k != "seed"}
+        split_seed = self.split_seed(paper, setting, seed, protocol)
         alpha = f"-a{spec['alpha']:g}" if "alpha" in spec else ""
         clients = f"-c{spec['clients']}" if "clients" in spec else ""
-        return f"{s['dataset']}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([s['dataset'], spec], 6)}"
+        return f"{dataset}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([dataset, spec], 6)}"
 
     def count_settings(self, paper: str, kind: str, name: str) -> list[str]:
         """Settings whose split count files a table (``kind="tables"``) or figure reads directly."""
@@ -341,19 +347,20 @@ class Project:
     def splits(self) -> dict[str, dict]:
         """Every split some run needs, plus those that tables and figures read directly (their
         settings at the first seed), even where no run uses them."""
-        needed = [(key.paper, key.setting, key.seed) for key in self.runs()]
+        needed = [(key.paper, key.setting, key.seed, key.protocol) for key in self.runs()]
         seed = self.seeds[0]
-        for paper_name, paper in self.papers.items():
-            for kind in ("tables", "figures"):
-                for name in paper.get(kind, {}):
-                    needed += [(paper_name, s, seed) for s in self.count_settings(paper_name, kind, name)]
+        for protocol in self.protocols:
+            for paper_name, paper in self.papers.items():
+                for kind in ("tables", "figures"):
+                    for name in paper.get(kind, {}):
+                        needed += [(paper_name, s, seed, self.protocol(paper_name, s, protocol))
+                                   for s in self.count_settings(paper_name, kind, name)]
         out = {}
-        for paper_name, setting, run_seed in needed:
-            s = self.papers[paper_name]["settings"][setting]
-            out[self.split_id(paper_name, setting, run_seed)] = {
-                "dataset": s["dataset"],
-                "spec": {k: v for k, v in s["split"].items() if k != "seed"},
-                "seed": self.split_seed(paper_name, setting, run_seed),
+        for paper_name, setting, run_seed, protocol in needed:
+            out[self.split_id(paper_name, setting, run_seed, protocol)] = {
+                "dataset": self.papers[paper_name]["settings"][setting]["dataset"],
+                "spec": {k: v for k, v in self.split_spec(paper_name, setting, protocol).items() if k != "seed"},
+                "seed": self.split_seed(paper_name, setting, run_seed, protocol),
             }
         return out
 
@@ -419,7 +426,7 @@ class Project:
         variant = paper["methods"][key.method]
         train = self.train_config(key.paper, key.setting, key.method, key.protocol)
         features_key = self.features_key(train["model"])
-        split_id = self.split_id(key.paper, key.setting, key.seed)
+        split_id = self.split_id(key.paper, key.setting, key.seed, key.protocol)
         run = {
             "paper": key.paper,
             "setting": key.setting,

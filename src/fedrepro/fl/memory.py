@@ -410,7 +410,7 @@ def planned(project, key, workers: int | None = None, device: str | None = None)
     rule asks for one), feature-level runs on the CPU; clients from the split file where it exists,
     else from the setting's split spec."""
     run = project.run_config(key)
-    split = project.papers[key.paper]["settings"][key.setting]["split"]
+    split = project.split_spec(key.paper, key.setting, key.protocol)
     clients = clients_of_file(run["paths"]["split"]) or client_count(split)
     device = device or ("cpu" if run["input"] == "features" else "cuda")
     return estimate(run, clients, device, workers if run["input"] != "features" else 0)

@@ -64,7 +64,11 @@ class ReportItem:
     def split_counts(self, setting: str, seed: int | None = None) -> pd.DataFrame:
         """The client x class count table of ``setting``'s split (under the first seed by default)."""
         seed = self.seeds[0] if seed is None else seed
-        return pd.read_csv(require(paths.split(self.project.split_id(self.paper, setting, seed), ".counts.csv")))
+        return pd.read_csv(require(paths.split(self.split_id(setting, seed), ".counts.csv")))
+
+    def split_id(self, setting: str, seed: int) -> str:
+        """The split ``setting`` uses here: under the item's protocol unless the setting pins one."""
+        return self.project.split_id(self.paper, setting, seed, self.project.protocol(self.paper, setting, self.protocol))
 
     def table_csv(self, table: str) -> Path:
         return require(paths.table(self.protocol, self.paper, table, ".csv"))
@@ -116,7 +120,7 @@ def split_count_inputs(all_seeds: bool = False):
     """``inputs`` of a kind that reads the split count files of its ``settings`` (first seed, or every seed)."""
     def inputs(item: ReportItem) -> list[str]:
         seeds = item.seeds if all_seeds else item.seeds[:1]
-        ids = dict.fromkeys(item.project.split_id(item.paper, s, seed) for s in item.spec.get("settings", []) for seed in seeds)
+        ids = dict.fromkeys(item.split_id(s, seed) for s in item.spec.get("settings", []) for seed in seeds)
         return [paths.split(split_id, ".counts.csv") for split_id in ids]
     return inputs
 

@@ -62,7 +62,7 @@ def splits(item: ReportItem, out_png: Path) -> None:
 def client_class_counts(item: ReportItem, setting: str) -> pd.DataFrame:
     """Client x class training counts (mean over the distinct splits the seeds use)."""
     classes = item.classes(setting)
-    seeds = {item.project.split_id(item.paper, setting, seed): seed for seed in item.seeds}
+    seeds = {item.split_id(setting, seed): seed for seed in item.seeds}
     tables = []
     for seed in seeds.values():
         counts = item.split_counts(setting, seed)
