@@ -280,6 +280,40 @@ def test_efficientnet_pytorch_checkpoint_converts_to_timm():
         convert_efficientnet_pytorch(state, timm.create_model("test_efficientnet", num_classes=0).state_dict())
 
 
+def test_fediic_backbone_is_the_authors_tf_efficientnet_b0(grid_project):
+    """wnn2000/FedIIC networks/efficientnet.py::efficientnet_b0 builds efficientnet_pytorch 0.7.1's
+    ``EfficientNet.from_pretrained('efficientnet-b0')``: utils.py::efficientnet_params / get_model_params give
+    batch_norm_momentum 0.99 (model.py: ``bn_mom = 1 - batch_norm_momentum``, PyTorch's 0.01), eps 1e-3,
+    drop_connect_rate 0.2 scaled by block index / 16 (model.py::EfficientNet.forward; applied in skip blocks
+    only) and TF "same" padding (utils.py::Conv2dStaticSamePadding: at 224 px a stride-2 3x3 conv pads 0
+    before and 1 after); its weights are the TF AutoAugment checkpoint (timm: tf_efficientnet_b0.aa_in1k).
+    Built at random init from the grid's model block; the weights resource is named, not fetched."""
+    from fedrepro.models.families import build_family
+    from fedrepro.models.weights import weight_specs
+
+    for protocol in ("clean", "paper"):
+        model_cfg = grid_project.run_config(grid_project.run_key("fediic", "isic", "fediic", 0, protocol))["train"]["model"]
+        assert [spec.id for spec in weight_specs(model_cfg)] == ["timm--tf_efficientnet_b0.aa_in1k"]
+    family = build_family({**model_cfg, "pretrained": False}, [str(c) for c in range(8)], {})
+    backbone = family.build().backbone
+    norms = [m for m in backbone.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(norms) == 49 and {(m.momentum, m.eps) for m in norms} == {(0.01, 1e-3)}
+    blocks = [b for stage in backbone.blocks for b in stage]
+    assert len(blocks) == 16
+    for index, block in enumerate(blocks):
+        if getattr(block, "has_skip", False):
+            assert block.drop_path.drop_prob == pytest.approx(0.2 * index / 16)
+    x = torch.randn(1, 3, 224, 224)
+    stem = backbone.conv_stem
+    with torch.no_grad():
+        tf_same = F.conv2d(F.pad(x, (0, 1, 0, 1)), stem.weight, stride=2)
+        assert torch.allclose(stem(x), tf_same, atol=1e-5)
+        assert not torch.allclose(stem(x), F.conv2d(x, stem.weight, stride=2, padding=1), atol=1e-3)
+    timm_b0 = build_family({**model_cfg, "pretrained": False, "backbone": "efficientnet_b0", "bn_momentum": None,
+                            "drop_path_rate": 0.0}, [str(c) for c in range(8)], {}).build().backbone
+    assert {(m.momentum, m.eps) for m in timm_b0.modules() if isinstance(m, torch.nn.BatchNorm2d)} == {(0.1, 1e-5)}
+
+
 def test_parameter_roles_of_the_network():
     roles = parameter_roles(_family().build())
     assert roles["head.weight"] == "classifier" and roles["head.bias"] == "average"
@@ -404,15 +438,12 @@ def test_fediic_code_split_is_the_authors_clients(tmp_path, n_clients):
         make_split(manifest, {"kind": "fediic_code", "clients": 10, "alpha": 1.0, "global_test": {"fraction": 0.2}}, 0)
 
 
-def test_fediic_isic_uses_the_authors_split_under_the_paper_protocol():
-    from fedrepro.config import load_project
-
-    project = load_project([REPO / "config/config.yaml"], {"papers": ["fediic"], "seeds": [0], "protocols": ["clean", "paper"]},
-                           root=REPO)
+def test_fediic_isic_uses_the_authors_split_under_the_paper_protocol(grid_project):
+    project = grid_project
     assert project.split_spec("fediic", "isic", "paper")["kind"] == "fediic_code"
     assert project.split_spec("fediic", "isic", "clean")["kind"] == "creff"
     paper, clean = (project.run_config(project.run_key("fediic", "isic", "fedavg", 0, p)) for p in ("paper", "clean"))
-    assert paper["split_id"] != clean["split_id"] and paper["split_id"] in project.splits()
+    assert "-fediic_code-" in paper["split_id"] and "-creff-" in clean["split_id"]
     ich = [project.run_config(project.run_key("fediic", "ich", "fedavg", 0, p))["split_id"] for p in ("paper", "clean")]
     assert ich[0] == ich[1]                     # ICH: the authors' data.csv is not public, one split for both
 
@@ -585,6 +616,14 @@ def _synthetic_federation(views):
         clients.append(ClientData(f"client{i}", i, Blobs(rng.permutation(labels), views, i), Blobs([0, 1, 2], 1, 10 + i),
                                   Blobs([], 1, 0)))
     return Federation(clients, Blobs(np.repeat(np.arange(3), 4), 1, 99), None, ["0", "1", "2"])
+
+
+@pytest.fixture(scope="module")
+def grid_project():
+    """The full grid (config/config.yaml), loaded once per session with the parity tests'."""
+    from parity.harness import project
+
+    return project()
 
 
 @pytest.fixture(scope="module")
