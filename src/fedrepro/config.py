@@ -508,12 +508,14 @@ class Project:
         spec = self.papers[paper]["tables"][table]
         if spec["kind"] != "runs":
             return []
-        cells = (resolve_cell(spec, row, col) for row in spec.get("rows", []) for col in spec.get("columns", []))
         out = []
-        for cell in cells:
-            if cell is not None:
-                cell["protocol"] = self.protocol(paper, cell["setting"], cell["protocol"] or protocol)
-                out.append(cell)
+        for row in spec.get("rows", []):
+            for col in spec.get("columns", []):
+                cell = resolve_cell(spec, row, col)
+                if cell is not None:
+                    cell["protocol"] = self.protocol(paper, cell["setting"], cell["protocol"] or protocol)
+                    cell["eval"] = column_eval(col, cell["protocol"]) or cell["eval"]
+                    out.append(cell)
         return out
 
     def table_runs(self, paper: str, table: str, protocol: str) -> list[RunKey]:
@@ -575,6 +577,12 @@ def resolve_cell(table: dict, row: dict, col: dict) -> dict | None:
         # a protocol the cell pins (protocol-comparison tables); None = the table's
         "protocol": col.get("protocol") or row.get("protocol") or table.get("protocol"),
     }
+
+
+def column_eval(col: dict, protocol: str) -> str | None:
+    """The eval key a column reads from runs of ``protocol`` when it names one (``protocols: {<protocol>:
+    {eval}}``, e.g. the authors' pooled per-client accuracy under ``paper``), else None."""
+    return col.get("protocols", {}).get(protocol, {}).get("eval")
 
 
 def load_project(configfiles: list[str | Path] | None = None, overrides: dict | None = None, root: str | Path = ".") -> Project:
