@@ -38,8 +38,10 @@ from fedrepro.methods.fediic import (
 )
 from fedrepro.methods.fedlc import calibration
 from fedrepro.methods.fedproc import (
+    client_mean_prototypes,
     curriculum_weight,
     prototype_contrastive,
+    rethinkfl_contrastive,
     weighted_prototypes,
 )
 from fedrepro.methods.fedrs import class_scale, restricted_scores
@@ -171,6 +173,14 @@ def test_fedrs_fedlc_fedproc_pieces():
     mean, known = weighted_prototypes([torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([[3.0, 0.0], [0.0, 0.0]])],
                                       [torch.tensor([1.0, 0.0]), torch.tensor([3.0, 0.0])])
     assert mean[0].tolist() == [2.5, 0.0] and known.tolist() == [True, False]
+    # RethinkFL's FedProc (models/fedproc.py): the plain mean over the clients holding a class, plain cosine
+    mean, known = client_mean_prototypes([torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([[3.0, 0.0], [0.0, 0.0]])],
+                                         [torch.tensor([1.0, 0.0]), torch.tensor([3.0, 0.0])])
+    assert mean[0].tolist() == [2.0, 0.0] and known.tolist() == [True, False]
+    got = rethinkfl_contrastive(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]), protos, torch.tensor([True, False]))
+    assert got.item() == pytest.approx(0.0, abs=1e-7)                    # one known class; the class-1 sample is skipped
+    got = rethinkfl_contrastive(r, torch.tensor([0]), protos, torch.tensor([True, True]))
+    assert got.item() == pytest.approx(L(1 + math.exp(-1.0)), rel=1e-6)  # cosines (1, 0), no temperature
 
 
 def test_climb_weights_and_dual_step():
