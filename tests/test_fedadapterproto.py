@@ -328,6 +328,55 @@ def test_fedproto_exchanges_prototypes_only(demo_project):
 # --------------------------------------------------------------------------------------------
 # data: sampler, site split, fundus preparers
 
+def test_pooled_per_client_accuracy_is_the_authors_test_loop():
+    """berenslab/FedAdapterProto lib/update.py::test_inference_new_het_lt scores every client's model on
+    the same test set with counters (correct, samples) that it never resets, so its "client k" is the
+    accuracy of clients 0..k pooled: ``upto_client<k>@global``. Each client's own stays ``client<k>@global``."""
+    from fedrepro.data.loader import FeatureSet
+    from fedrepro.fl.evaluation import evaluate_classification
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 40)
+    test = FeatureSet(torch.zeros(40, 1), torch.as_tensor(labels), np.arange(40))
+    correct = {f"client{k}": rng.random(40) < p for k, p in enumerate((0.9, 0.5, 0.6, 0.8))}
+
+    class Personal:
+        personalized = True
+
+        def predict(self, dataset, client):
+            right = correct[client.name] if client is not None else np.ones(40, dtype=bool)
+            guess = np.where(right, labels, 1 - labels)
+            return np.eye(2, dtype=np.float32)[guess] * 0.8 + 0.1
+
+    clients = [ClientData(name, k, None, None, None) for k, name in enumerate(correct)]
+    metrics, _ = evaluate_classification(Personal(), Federation(clients, test, None, ["0", "1"]), with_val=False)
+    total_correct = total_samples = 0                    # the authors' counters, never reset
+    for name, right in correct.items():
+        total_correct, total_samples = total_correct + int(right.sum()), total_samples + len(right)
+        assert metrics[f"upto_{name}@global/acc"] == pytest.approx(total_correct / total_samples)
+        assert metrics[f"{name}@global/acc"] == pytest.approx(right.mean())
+    # FedAvg's published 78.82 / 66.59 / 65.08 / 67.57 are such running means: per client 78.8 / 54.4 / 62.1 / 75.0
+    published = np.array([78.82, 66.59, 65.08, 67.57])
+    per_client = published * np.arange(1, 5) - np.concatenate([[0.0], published[:-1] * np.arange(1, 4)])
+    assert per_client.round(1).tolist() == [78.8, 54.4, 62.1, 75.0]
+
+
+def test_paper_protocol_table1_reads_the_pooled_accuracy_of_the_authors_runs():
+    """Under ``paper``: the pooled columns, the authors' indexing and their 50 rounds (scripts/run.sh); under
+    ``clean``: each client's own model on the correct site split, 50 rounds too (the rounds are no bug)."""
+    from parity.harness import project
+
+    grid = project()
+    evals = {p: [c["eval"] for c in grid.resolved_cells("fedadapterproto", "table1", p) if c["method"] == "fedavg"]
+             for p in ("clean", "paper")}
+    assert evals == {"clean": [f"client{k}@global" for k in range(4)], "paper": [f"upto_client{k}@global" for k in range(4)]}
+    for protocol, kind in (("clean", "sites"), ("paper", "sites_authors_index")):
+        run = grid.run_config(grid.run_key("fedadapterproto", "eyepacs_sites", "fedadapterproto", 0, protocol))
+        assert run["train"]["rounds"] == 50 and f"-{kind}-" in run["split_id"]
+    index_bug = {c["setting"]: c["protocol"] for c in grid.resolved_cells("fedadapterproto", "index_bug", "paper")}
+    assert index_bug == {"eyepacs_sites": "clean", "eyepacs_sites_authors_index": "paper"}
+
+
 def test_class_balanced_sampler():
     labels = np.array([0] * 90 + [1] * 10)
     gen = torch.Generator().manual_seed(0)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from conftest import build_image_caches, draw_figure
 from dicom_files import write_dicom
 from fedrepro.data.datasets import demo_sets, head_ct, skin
+from fedrepro.data.partition import SplitError
 from fedrepro.data.splitters.fediic import (
     dirichlet_group,
     equal_recut,
@@ -37,11 +38,13 @@ from fedrepro.methods.fediic import (
 )
 from fedrepro.methods.fedlc import calibration
 from fedrepro.methods.fedproc import (
+    client_mean_prototypes,
     curriculum_weight,
     prototype_contrastive,
+    rethinkfl_contrastive,
     weighted_prototypes,
 )
-from fedrepro.methods.fedrs import restricted_scores
+from fedrepro.methods.fedrs import class_scale, restricted_scores
 from fedrepro.methods.imbalance import logit_adjusted_cross_entropy
 from fedrepro.methods.prr_imb import (
     cpa_loss,
@@ -150,9 +153,16 @@ def test_class_loss_sums_and_global_mean():
 # ---- baselines ----------------------------------------------------------------------------------
 
 def test_fedrs_fedlc_fedproc_pieces():
-    scores = restricted_scores(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([True, False, True]), 0.5)
-    assert scores.tolist() == [[1.0, 1.0, 3.0]]
-    assert restricted_scores(torch.tensor([[1.0, 2.0]]), torch.tensor([False, True]), 0.0).tolist() == [[0.0, 2.0]]
+    """FedRS: lxcnju/FedRepo algorithms/fedrs.py scales every class by (p_c / max p)(1 - alpha) + alpha
+    (``distribution``); the paper's text by 1 / alpha for present / absent classes (``presence``)."""
+    counts = torch.tensor([8.0, 2.0, 0.0, 4.0])
+    assert class_scale(counts, 0.0, "distribution").tolist() == [1.0, 0.25, 0.0, 0.5]
+    assert class_scale(counts, 0.5, "distribution").tolist() == [1.0, 0.625, 0.5, 0.75]
+    assert class_scale(counts, 0.5, "presence").tolist() == [1.0, 1.0, 0.5, 1.0]
+    h, w, b = torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]]), torch.ones(4)
+    scale = class_scale(counts, 0.0, "distribution")
+    assert restricted_scores(h, w, scale).tolist() == [[1.0, 0.5, 0.0, 1.0]]             # no bias
+    assert restricted_scores(h, w, scale, b).tolist() == [[2.0, 0.75, 0.0, 1.5]]
     margin = calibration(torch.tensor([16.0, 1.0, 0.0]), tau=1.0)
     assert margin[:2].tolist() == pytest.approx([-0.5, -1.0]) and margin[2].item() == float("-inf")
     r, protos = torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.0], [0.0, 3.0]])
@@ -163,6 +173,14 @@ def test_fedrs_fedlc_fedproc_pieces():
     mean, known = weighted_prototypes([torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([[3.0, 0.0], [0.0, 0.0]])],
                                       [torch.tensor([1.0, 0.0]), torch.tensor([3.0, 0.0])])
     assert mean[0].tolist() == [2.5, 0.0] and known.tolist() == [True, False]
+    # RethinkFL's FedProc (models/fedproc.py): the plain mean over the clients holding a class, plain cosine
+    mean, known = client_mean_prototypes([torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([[3.0, 0.0], [0.0, 0.0]])],
+                                         [torch.tensor([1.0, 0.0]), torch.tensor([3.0, 0.0])])
+    assert mean[0].tolist() == [2.0, 0.0] and known.tolist() == [True, False]
+    got = rethinkfl_contrastive(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]), protos, torch.tensor([True, False]))
+    assert got.item() == pytest.approx(0.0, abs=1e-7)                    # one known class; the class-1 sample is skipped
+    got = rethinkfl_contrastive(r, torch.tensor([0]), protos, torch.tensor([True, True]))
+    assert got.item() == pytest.approx(L(1 + math.exp(-1.0)), rel=1e-6)  # cosines (1, 0), no temperature
 
 
 def test_climb_weights_and_dual_step():
@@ -272,6 +290,40 @@ def test_efficientnet_pytorch_checkpoint_converts_to_timm():
         convert_efficientnet_pytorch(state, timm.create_model("test_efficientnet", num_classes=0).state_dict())
 
 
+def test_fediic_backbone_is_the_authors_tf_efficientnet_b0(grid_project):
+    """wnn2000/FedIIC networks/efficientnet.py::efficientnet_b0 builds efficientnet_pytorch 0.7.1's
+    ``EfficientNet.from_pretrained('efficientnet-b0')``: utils.py::efficientnet_params / get_model_params give
+    batch_norm_momentum 0.99 (model.py: ``bn_mom = 1 - batch_norm_momentum``, PyTorch's 0.01), eps 1e-3,
+    drop_connect_rate 0.2 scaled by block index / 16 (model.py::EfficientNet.forward; applied in skip blocks
+    only) and TF "same" padding (utils.py::Conv2dStaticSamePadding: at 224 px a stride-2 3x3 conv pads 0
+    before and 1 after); its weights are the TF AutoAugment checkpoint (timm: tf_efficientnet_b0.aa_in1k).
+    Built at random init from the grid's model block; the weights resource is named, not fetched."""
+    from fedrepro.models.families import build_family
+    from fedrepro.models.weights import weight_specs
+
+    for protocol in ("clean", "paper"):
+        model_cfg = grid_project.run_config(grid_project.run_key("fediic", "isic", "fediic", 0, protocol))["train"]["model"]
+        assert [spec.id for spec in weight_specs(model_cfg)] == ["timm--tf_efficientnet_b0.aa_in1k"]
+    family = build_family({**model_cfg, "pretrained": False}, [str(c) for c in range(8)], {})
+    backbone = family.build().backbone
+    norms = [m for m in backbone.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(norms) == 49 and {(m.momentum, m.eps) for m in norms} == {(0.01, 1e-3)}
+    blocks = [b for stage in backbone.blocks for b in stage]
+    assert len(blocks) == 16
+    for index, block in enumerate(blocks):
+        if getattr(block, "has_skip", False):
+            assert block.drop_path.drop_prob == pytest.approx(0.2 * index / 16)
+    x = torch.randn(1, 3, 224, 224)
+    stem = backbone.conv_stem
+    with torch.no_grad():
+        tf_same = F.conv2d(F.pad(x, (0, 1, 0, 1)), stem.weight, stride=2)
+        assert torch.allclose(stem(x), tf_same, atol=1e-5)
+        assert not torch.allclose(stem(x), F.conv2d(x, stem.weight, stride=2, padding=1), atol=1e-3)
+    timm_b0 = build_family({**model_cfg, "pretrained": False, "backbone": "efficientnet_b0", "bn_momentum": None,
+                            "drop_path_rate": 0.0}, [str(c) for c in range(8)], {}).build().backbone
+    assert {(m.momentum, m.eps) for m in timm_b0.modules() if isinstance(m, torch.nn.BatchNorm2d)} == {(0.1, 1e-5)}
+
+
 def test_parameter_roles_of_the_network():
     roles = parameter_roles(_family().build())
     assert roles["head.weight"] == "classifier" and roles["head.bias"] == "average"
@@ -343,6 +395,69 @@ def test_creff_sampler_is_the_official_one_for_odd_client_counts(num_clients, n)
     ours = split_creff(labels, np.array([""] * n), {"clients": num_clients, "alpha": 1.0, "group_size": 10},
                        np.random.RandomState(7))
     assert [part.tolist() for part in ours] == official_creff_sampler(labels, num_clients, 1.0, seed=7)
+
+
+def authors_split(truth_csv: Path, n_clients: int, alpha: float, seed: int) -> dict:
+    """The authors' clients, validation and test images, re-written from wnn2000/FedIIC:
+    ``dataset/dataset.py::SkinDataset.__init__`` (labels = argmax of the one-hot columns; np.random.seed(0),
+    a permutation of the CSV's rows; [:0.7 n] train, [0.7 n:0.8 n] valid, [0.8 n:] test) and
+    ``train_FedIIC.py`` (``classify_label`` of the training targets, then ``clients_indices`` with
+    ``args.seed``: :func:`official_creff_sampler`), the clients' indices being positions in the training set."""
+    frame = pd.read_csv(truth_csv)
+    images, targets = frame["image"].values, np.argmax(frame.iloc[:, 1:].values.astype("int"), axis=1)
+    n = len(images)
+    np.random.seed(0)
+    order = np.random.permutation(n)
+    images, targets = images[order], targets[order]
+    train_images, train_targets = images[:int(0.7 * n)], targets[:int(0.7 * n)]
+    clients = official_creff_sampler(train_targets, n_clients, alpha, seed)
+    return {"clients": [sorted(train_images[c].tolist()) for c in clients],
+            "valid": sorted(images[int(0.7 * n):int(0.8 * n)].tolist()), "test": sorted(images[int(0.8 * n):].tolist())}
+
+
+@pytest.mark.parametrize("n_clients", [10, 12])
+def test_fediic_code_split_is_the_authors_clients(tmp_path, n_clients):
+    """Split kind ``fediic_code`` on an ISIC 2019 layout whose ground-truth CSV is not in file-name order
+    gives the authors' clients (train), their validation set (the union of the clients' validation
+    parts) and their test set (the global test set), image for image."""
+    from fedrepro.data.partition import make_split
+    from fedrepro.data.prepare import prepare_dataset
+    from fedrepro.registry import dataset
+
+    rng = np.random.default_rng(n_clients)
+    names = [f"ISIC_{i:07d}" for i in rng.permutation(523)]            # the CSV's row order
+    labels = rng.choice(8, size=len(names), p=[0.3, 0.35, 0.12, 0.06, 0.1, 0.03, 0.02, 0.02])
+    labels[:8] = np.arange(8)
+    base = tmp_path / "isic2019"
+    (base / "ISIC_2019_Training_Input").mkdir(parents=True)
+    for name in names:
+        (base / "ISIC_2019_Training_Input" / f"{name}.jpg").touch()
+    columns = ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC", "UNK"]
+    truth = pd.DataFrame([{"image": name, **{c: float(k == y) for k, c in enumerate(columns)}} for name, y in zip(names, labels)])
+    truth.to_csv(base / "ISIC_2019_Training_GroundTruth.csv", index=False)
+    pd.DataFrame({"image": names, "lesion_id": ""}).to_csv(base / "ISIC_2019_Training_Metadata.csv", index=False)
+    manifest = prepare_dataset(dataset("isic2019"), tmp_path)
+
+    split = make_split(manifest, {"kind": "fediic_code", "clients": n_clients, "alpha": 1.0, "group_size": 10}, 0)
+    image = manifest["image_id"].to_numpy()
+    authors = authors_split(base / "ISIC_2019_Training_GroundTruth.csv", n_clients, 1.0, seed=0)
+    assert [sorted(image[p["train"]].tolist()) for p in split.clients.values()] == authors["clients"]
+    assert sorted(image[np.concatenate([p["val"] for p in split.clients.values()])].tolist()) == authors["valid"]
+    assert sorted(image[split.global_test].tolist()) == authors["test"] and not len(split.reference)
+    with pytest.raises(SplitError, match="global_test: none"):
+        make_split(manifest, {"kind": "fediic_code", "clients": 10, "alpha": 1.0, "global_test": {"fraction": 0.2}}, 0)
+
+
+def test_fediic_isic_uses_the_authors_split_under_the_paper_protocol(grid_project):
+    project = grid_project
+    assert project.setting("fediic", "isic", "paper")["split"]["kind"] == "fediic_code"
+    assert project.setting("fediic", "isic", "clean")["split"]["kind"] == "creff"
+    paper, clean = (project.run_config(project.run_key("fediic", "isic", "fedavg", 0, p)) for p in ("paper", "clean"))
+    assert "-fediic_code-" in paper["split_id"] and "-creff-" in clean["split_id"]
+    # ICH: the authors' data.csv is not public, one split spec for both (the paper protocol reads their images)
+    ich = [project.run_config(project.run_key("fediic", "ich", "fedavg", 0, p))["split_id"] for p in ("paper", "clean")]
+    assert ich[0].startswith("rsna_ich_stage1_png-creff-") and ich[1].startswith("rsna_ich-creff-")
+    assert project.setting("fediic", "ich", "paper")["split"] == project.setting("fediic", "ich", "clean")["split"]
 
 
 # ---- datasets -----------------------------------------------------------------------------------
@@ -517,6 +632,14 @@ def _synthetic_federation(views):
 
 
 @pytest.fixture(scope="module")
+def grid_project():
+    """The full grid (config/config.yaml), loaded once per session with the parity tests'."""
+    from parity.harness import project
+
+    return project()
+
+
+@pytest.fixture(scope="module")
 def demo_project():
     from fedrepro.config import load_project
 
@@ -596,23 +719,85 @@ def test_prr_one_local_epoch_restarts_prototypes_from_ones(demo_project):
     assert _method(demo_project, "prr_imb").class_weights(st, 0) is None           # before init_rounds
 
 
-def test_climb_client_loss_sums_batch_means(demo_project):
-    """The CLIMB code's f_k: the sum over the client's mini-batches of the batch-mean loss."""
+def test_climb_client_loss_options(demo_project):
+    """f_k per example in eval mode (``client_loss: mean``, ``loss_mode: eval``) is the plain mean
+    cross-entropy; the defaults are the CLIMB code's (the batch sum in train mode over n_k // 5 batches,
+    a dual step every 5 rounds: tests/parity/test_fediic_climb.py)."""
     import torch.nn.functional as F
 
-    method = _method(demo_project, "climb")
-    client = method.fed.clients[0]
-    size = method.ctx.train["batch_size"]
+    mean = _method(demo_project, "climb", client_loss="mean", loss_mode="eval")
+    client = mean.fed.clients[0]
     x = torch.stack([client.train[i]["x"] for i in range(len(client.train))])
     y = torch.as_tensor(client.train.labels)
-    method.server.eval()
+    mean.server.eval()
     with torch.no_grad():
-        logits = method.family.forward(method.server, {"x": x, "y": y}).logits
-    expected = sum(float(F.cross_entropy(logits[i:i + size], y[i:i + size])) for i in range(0, len(y), size))
-    assert method.global_loss(method.server, client) == pytest.approx(expected, rel=1e-5)
-    mean = _method(demo_project, "climb", client_loss="mean")
+        logits = mean.family.forward(mean.server, {"x": x, "y": y}).logits
     assert mean.global_loss(mean.server, client) == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
-    assert method.params["lambda_max"] == 100.0
+    defaults = _method(demo_project, "climb").params
+    assert {k: defaults[k] for k in ("lambda_max", "loss_batches", "dual_every", "loss_mode", "client_loss")} == \
+        {"lambda_max": 100.0, "loss_batches": 5, "dual_every": 5, "loss_mode": "train", "client_loss": "batch_sum"}
+
+
+class SameImage:
+    """``n`` copies of one image through ``transform`` (a random augmentation), label ``labels[i]``."""
+
+    def __init__(self, image, transform, labels):
+        self.image, self.transform, self.labels = image, transform, np.asarray(labels)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"x": self.transform(self.image), "y": int(self.labels[i]), "index": i}
+
+
+def test_passes_over_training_images_draw_an_augmentation_per_image():
+    """FedIIC's code measures the difficulty on each image's own augmented view (train_FedIIC.py:
+    ``images_all`` = view 1 of every image, drawn by the training transform); the passes over training
+    data (difficulty, prototypes, CLIMB's f_k, PRR-Imb's F1) give every image its own crop and
+    RandAugment draw, deterministic under the pass's keys."""
+    from PIL import Image
+
+    from fedrepro.device import Compute
+    from fedrepro.methods.imbalance import fixed_randomness, outputs_over
+
+    family = _family(views=1)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    data = SameImage(image, family.train_transform(), [0, 1, 2, 0])
+    model = family.build()
+
+    def first_batch(*keys):
+        with fixed_randomness(0, "augment", "test", *keys):
+            return next(outputs_over(family, model, data, {"eval_batch_size": 4}, Compute(torch.device("cpu"))))[1]["x"]
+
+    x = first_batch(1)
+    assert not torch.equal(x[0], x[1]) and not torch.equal(x[1], x[2])       # one crop per image
+    assert torch.equal(first_batch(1), x) and not torch.equal(first_batch(2), x)
+
+
+def test_fediic_fresh_difficulty_views_differ_from_the_fixed_ones(demo_project):
+    """``difficulty_augment: fixed`` measures every round on the views drawn once (the code augments
+    once at start-up); ``fresh`` draws new ones every round."""
+    method = _method(demo_project, "fediic")
+    client = method.fed.clients[0]
+    data = client.train
+
+    class Noisy:                                     # each item its own random view of its image
+        labels = data.labels
+
+        def __len__(self):
+            return len(data)
+
+        def __getitem__(self, i):
+            item = data[i]
+            return {**item, "x": item["x"] + torch.randn_like(item["x"])}
+
+    client.train = Noisy()
+    fixed = [method.client_class_losses(client, rnd)[0] for rnd in (1, 2)]
+    method.params["difficulty_augment"] = "fresh"
+    fresh = [method.client_class_losses(client, rnd)[0] for rnd in (1, 2)]
+    assert torch.equal(fixed[0], fixed[1])
+    assert not torch.allclose(fresh[0], fixed[0]) and not torch.allclose(fresh[0], fresh[1])
 
 
 # ---- the demo config end to end -------------------------------------------------------------------------

@@ -167,7 +167,7 @@ def test_the_grid_declares_every_pretrained_file_it_loads_and_the_demo_none():
     assert set(grid.weights()) == {
         "open_clip--ViT-B-16--openai", "open_clip--ViT-B-32--openai",        # FACMIC, FAA-CLIP (+ feature caches)
         "open_clip--ViT-L-14--openai", "open_clip--ViT-L-14-336--openai",    # FAA-CLIP's backbone figure
-        "timm--efficientnet_b0", "timm--resnet50.tv_in1k",                   # FedIIC, FedAdapterProto
+        "timm--tf_efficientnet_b0.aa_in1k", "timm--resnet50.tv_in1k",        # FedIIC, FedAdapterProto
         "timm--deit_base_patch16_224", "hf--bert-base-cased--model",        # FedDRA's two towers
         "hf--emilyalsentzer--Bio_ClinicalBERT--tokenizer",                   # ... and the code's tokenizer
     }
@@ -478,7 +478,7 @@ def test_full_grid_dry_run_fetches_weights_locally_before_the_jobs_that_need_the
             assert manifest in job["reason"] and "Input files updated by another job" in job["reason"], job
             needing.setdefault(job["rule"], set()).add(manifest.split("/")[2])
     assert set(needing) == {"train", "features", "downstream"}
-    assert {"open_clip--ViT-B-16--openai", "timm--efficientnet_b0", "timm--resnet50.tv_in1k",
+    assert {"open_clip--ViT-B-16--openai", "timm--tf_efficientnet_b0.aa_in1k", "timm--resnet50.tv_in1k",
             "hf--bert-base-cased--model"} <= needing["train"]
     assert needing["features"] == {i for i in fetched if i.startswith("open_clip--")}     # ViT-L ones only as features
     assert needing["downstream"] == {"timm--deit_base_patch16_224", "hf--bert-base-cased--model",
@@ -494,15 +494,15 @@ def test_a_truncated_local_copy_stops_the_workflow_before_any_job_is_submitted(t
 
     repo = copy_repo(tmp_path / "repo")
     env = tool_env(repo, tmp_path / "home")
-    folder = repo / "resources/weights/timm--efficientnet_b0"
+    folder = repo / "resources/weights/timm--tf_efficientnet_b0.aa_in1k"
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(b"x" * 10)
-    (folder / "weights.json").write_text(json.dumps({"id": "timm--efficientnet_b0", "primary": "model.safetensors",
+    (folder / "weights.json").write_text(json.dumps({"id": "timm--tf_efficientnet_b0.aa_in1k", "primary": "model.safetensors",
                                                      "files": {"model.safetensors": {"sha256": "0" * 64, "bytes": 21_000_000}}}))
     result = run(["snakemake", "results/tables/clean/fediic/table1.md", "-n", "--profile", "slurm"], repo, env,
                  timeout=300, check=False)
     assert result.returncode != 0
     text = result.stdout + result.stderr
-    assert "resources/weights/timm--efficientnet_b0/model.safetensors is 10 bytes but" in text
-    assert "fedrepro weights timm--efficientnet_b0 --force" in text
+    assert "resources/weights/timm--tf_efficientnet_b0.aa_in1k/model.safetensors is 10 bytes but" in text
+    assert "fedrepro weights timm--tf_efficientnet_b0.aa_in1k --force" in text
     assert "rule train:" not in text

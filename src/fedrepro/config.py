@@ -209,7 +209,7 @@ class Project:
                 if DATASETS.get(dataset).obj.classes != DATASETS.get(setting["dataset"]).obj.classes:
                     raise ConfigError(f"{at}/dataset: {dataset!r} has other classes than {setting['dataset']!r}; "
                                       f"a setting reads datasets of the same classes under every protocol")
-                validate(deep_merge(setting["split"], override.get("split")), split_schema, f"{at}/split")
+                validate(override.get("split", setting["split"]), split_schema, f"{at}/split")
         for name, variant in paper["methods"].items():
             algorithm = variant.get("method", name)
             check_choice(algorithm, METHODS.names(), f"{where}: methods/{name}/method")
@@ -339,11 +339,12 @@ class Project:
         return validate(train, {"$defs": schema["$defs"], **schema["$defs"]["resolved_train"]}, where)
 
     def setting(self, paper: str, setting: str, protocol: str = "clean") -> dict:
-        """The setting as runs of ``protocol`` read it: its ``protocols: {<protocol>: {dataset, split}}`` merged
-        in (e.g. the paper protocol's skin set with the sources' overlap, as the authors built it)."""
+        """The setting as runs of ``protocol`` read it: the ``dataset`` and the whole ``split`` its
+        ``protocols: {<protocol>: {dataset, split}}`` names instead (e.g. the paper protocol's skin set with the
+        sources' overlap, or FedIIC's own split of ISIC, as the authors built them)."""
         s = self.papers[paper]["settings"][setting]
         override = s.get("protocols", {}).get(self.protocol(paper, setting, protocol), {})
-        return {**s, "dataset": override.get("dataset", s["dataset"]), "split": deep_merge(s["split"], override.get("split"))}
+        return {**s, "dataset": override.get("dataset", s["dataset"]), "split": override.get("split", s["split"])}
 
     def split_seed(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> int:
         value = self.setting(paper, setting, protocol)["split"].get("seed", 0)
@@ -533,12 +534,14 @@ class Project:
         spec = self.papers[paper]["tables"][table]
         if spec["kind"] != "runs":
             return []
-        cells = (resolve_cell(spec, row, col) for row in spec.get("rows", []) for col in spec.get("columns", []))
         out = []
-        for cell in cells:
-            if cell is not None:
-                cell["protocol"] = self.protocol(paper, cell["setting"], cell["protocol"] or protocol)
-                out.append(cell)
+        for row in spec.get("rows", []):
+            for col in spec.get("columns", []):
+                cell = resolve_cell(spec, row, col)
+                if cell is not None:
+                    cell["protocol"] = self.protocol(paper, cell["setting"], cell["protocol"] or protocol)
+                    cell["eval"] = column_eval(col, cell["protocol"]) or cell["eval"]
+                    out.append(cell)
         return out
 
     def table_runs(self, paper: str, table: str, protocol: str) -> list[RunKey]:
@@ -600,6 +603,12 @@ def resolve_cell(table: dict, row: dict, col: dict) -> dict | None:
         # a protocol the cell pins (protocol-comparison tables); None = the table's
         "protocol": col.get("protocol") or row.get("protocol") or table.get("protocol"),
     }
+
+
+def column_eval(col: dict, protocol: str) -> str | None:
+    """The eval key a column reads from runs of ``protocol`` when it names one (``protocols: {<protocol>:
+    {eval}}``, e.g. the authors' pooled per-client accuracy under ``paper``), else None."""
+    return col.get("protocols", {}).get(protocol, {}).get("eval")
 
 
 def load_project(configfiles: list[str | Path] | None = None, overrides: dict | None = None, root: str | Path = ".") -> Project:

@@ -62,3 +62,65 @@ def test_two_rounds_match_the_specification(tmp_path):
         server = averaged(server, [m.state_dict() for m in models], train_sizes(fed))
     assert_close(driven.method.global_prototypes, prototypes[0], "global prototypes")
     check_global(driven, fed, server, logits)
+
+
+def test_rethinkfl_implementation_three_rounds(tmp_path):
+    """``implementation: rethinkfl``: FedProc as WenkeHuang/RethinkFL ``models/fedproc.py`` implements it
+    (``FedProc._train_net``, ``agg_func``, ``proto_aggregation``), in FedIIC's shared recipe:
+
+    - alpha = 1 - r / (R - 1) (``epoch_index / (communication_epoch - 1)``): 1, 1/2, 0 for R = 3;
+    - loss = alpha L + (1 - alpha) CE with f = the backbone's features; without global prototypes L = 0 * CE
+      (so round 0's loss is 0); else, for every sample whose class has a global prototype,
+      -log(exp(cos(f_i, c^y)) / sum_j exp(cos(f_i, c^j))) over the known classes, summed and divided by the
+      batch size;
+    - a client's prototype of class j = the mean of the features f its training batches of class j produced
+      during local training; the global one = the plain mean over the clients holding class j.
+    """
+    from .harness import configured_model, drive, floating, initial_server, paper_run, probabilities
+    from .spec_fediic import SIZE, federation
+
+    rounds = 3
+    model = configured_model("fediic", "fedproc", "isic", backbone="test_efficientnet", image_size=SIZE,
+                             projector={"hidden": 32, "out": 16})
+    run = paper_run("fediic", "fedproc", "isic", train={"rounds": rounds, "batch_size": 4}, model=model,
+                    params={"implementation": "rethinkfl"})
+    fed = federation()
+    server, driven = initial_server(run, fed), drive(run, fed, tmp_path)
+    protos = None                                  # class -> global prototype
+    for rnd in range(rounds):
+        alpha = 1 - rnd / (rounds - 1)
+        seen = {}                                  # (client, class) -> features during training
+
+        def loss(model, batch, client, global_model):
+            outputs, f = model(batch["x"])
+            ce = F.cross_entropy(outputs, batch["y"])
+            info = 0 * ce
+            if protos is not None:
+                keys = sorted(protos)
+                info, i = None, 0
+                for label in batch["y"].tolist():
+                    if label in protos:
+                        others = torch.stack([protos[k] for k in keys if k != label])
+                        l = torch.cosine_similarity(f[i:i + 1], torch.cat([protos[label][None], others]), dim=1)
+                        term = -torch.log(torch.exp(l)[0] / torch.exp(l).sum())
+                        info = term if info is None else info + term
+                    i += 1
+                info = info / i
+            for j, label in enumerate(batch["y"].tolist()):
+                seen.setdefault((client.name, label), []).append(f[j].detach())
+            return alpha * info + (1 - alpha) * ce
+
+        models, _ = local_models(run, fed, server, loss, rnd, ADAM)
+        local = {key: torch.stack(v).mean(0) for key, v in seen.items()}
+        protos = {label: torch.stack([p for (_, c), p in local.items() if c == label]).mean(0)
+                  for label in sorted({c for _, c in local})}
+        server = averaged(server, [m.state_dict() for m in models], train_sizes(fed))
+    expected = torch.stack([protos[c] for c in range(CLASSES)])
+    assert_close(driven.method.global_prototypes, expected, "global prototypes")
+    # The code's loss is a loop over samples, fedrepro's one batch: the last bits of the gradients differ,
+    # and Adam turns the rounding noise of gradients that are 0 in exact arithmetic (a BatchNorm bias
+    # before another BatchNorm) into steps of up to lr. So the model's function is compared tightly, its
+    # weights up to a few such steps.
+    assert_close(floating(driven.method.server.state_dict()), floating(server.state_dict()), "global model", 1e-3)
+    model = server.eval()
+    assert_close(driven.probs("global"), probabilities(lambda x: logits(model, x), fed.global_test), "global probs", 1e-5)

@@ -1,14 +1,15 @@
 """FedRS (FedIIC Table 1 baseline, alpha = 0 from the supplementary Table 1), one round.
 
-Specification: FedRS (Li and Zhan, KDD'21): FedAvg with FedIIC's shared recipe
-(:mod:`tests.parity.spec_fediic`) whose local loss restricts the softmax: the scores of the classes
-a client has no training image of are multiplied by alpha,
+Specification: FedRS's official code (lxcnju/FedRepo ``algorithms/fedrs.py``, ``FedRS.update_local``)
+with FedIIC's shared recipe (:mod:`tests.parity.spec_fediic`). From the client's training class counts
+n, ``dist = n / n.sum()`` and ``cdist = (dist / dist.max()) (1 - alpha) + alpha``; the local loss is
+the cross-entropy of ``cdist * (h @ W^T)``, with h the classifier's input (here dropout(g(x)), as
+``model(x)`` feeds the classifier) and W the classifier's weight - no bias:
 
-    s_c = f_c(dropout(g(x)))  if the client holds class c,   alpha * f_c(...)  otherwise,
-    L = CE(s, y),   alpha = 0,
+    s_c = ((p_c / max p) (1 - alpha) + alpha) w_c . h,   L = CE(s, y),   alpha = 0.
 
-(the classifier has a bias here, so the whole score is scaled). Client 0 lacks class 3. Evaluation
-uses the unrestricted global model.
+Client 0 lacks class 3 (scale 0); the other classes are scaled by their share of the largest class.
+Evaluation uses the unrestricted global model.
 """
 
 import pytest
@@ -24,14 +25,17 @@ ALPHA = 0.0
 
 
 def restricted(model, batch, client, global_model):
-    held = torch.zeros(CLASSES, dtype=torch.bool)
-    held[torch.as_tensor(client.train.labels)] = True
-    scale = torch.where(held, 1.0, ALPHA)
-    return F.cross_entropy(logits(model, batch["x"]) * scale, batch["y"])
+    counts = torch.bincount(torch.as_tensor(client.train.labels), minlength=CLASSES).float()
+    dist = counts / counts.sum()
+    cdist = (dist / dist.max()) * (1.0 - ALPHA) + ALPHA
+    h = model.dropout(model.embed(batch["x"]))          # what the classifier reads
+    return F.cross_entropy(cdist[None, :] * (h @ model.head.weight.t()), batch["y"])
 
 
 def test_one_round_matches_the_specification(tmp_path):
     run, fed, start, driven = drive_tiny("fedrs", tmp_path, rounds=1)
     assert 3 not in set(fed.clients[0].train.labels.tolist())
+    counts = torch.bincount(torch.as_tensor(fed.clients[1].train.labels), minlength=CLASSES)
+    assert len(set(counts.tolist()) - {0}) > 1          # a client with unequal classes: proportional scales matter
     server, _, _ = fedavg_round(run, fed, start, restricted, 0, ADAM)
     check_global(driven, fed, server, logits)

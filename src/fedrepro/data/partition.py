@@ -98,9 +98,11 @@ class Split:
 class Partition:
     """What a splitter returns when it also holds rows out: the clients' parts, plus pool rows that
     join the global test set (e.g. a held-out site picked by rank). Indices are relative to the pool.
+    A client's part is its rows (cut into train/val/test by the spec's ``ratios``) or, where the
+    splitter cuts them itself (an authors' own validation set), ``{"train": ..., "val": ...}``.
     ``overlaps``: the overlaps it produces on purpose, as the split file's ``declared_overlaps``."""
 
-    clients: list[np.ndarray]
+    clients: list[np.ndarray] | list[dict[str, np.ndarray]]
     held_out: np.ndarray
     overlaps: list[dict] = field(default_factory=list)
 
@@ -109,7 +111,9 @@ class Partition:
 # splitters: (labels of the pool, sources of the pool, spec, rng) -> one index array per client
 # (or a Partition), indices relative to the pool. Register new ones with @splitter("name")
 # (fedrepro.registry). A splitter may set ``fn.pool_order = "<manifest column>"`` to receive the pool
-# sorted by that column.
+# sorted by that column (``fn.pool_order_required = True``: a manifest without it is an error), and
+# ``fn.legacy_rng = True`` to receive ``numpy.random.RandomState(split seed)``, the stream an authors'
+# numpy code draws from, instead of a derived ``numpy.random.Generator``.
 
 
 @splitter("iid")
@@ -194,15 +198,24 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
     if kind not in SPLITTERS:
         raise SplitError(f"unknown split kind {kind!r}; allowed: {SPLITTERS.names()}")
     split_fn = SPLITTERS.get(kind).obj
-    pool = _in_pool_order(manifest, pool, getattr(split_fn, "pool_order", None))
+    order_column = getattr(split_fn, "pool_order", None)
+    if getattr(split_fn, "pool_order_required", False) and order_column not in manifest.columns:
+        raise SplitError(f"split kind {kind!r} needs the manifest column {order_column!r} (the order of the authors' "
+                         f"table); prepare the dataset again (fedrepro prepare <dataset>) or use another split kind")
+    pool = _in_pool_order(manifest, pool, order_column)
     min_train = int(spec.get("min_train", 1))
     max_draws = int(spec.get("max_draws", 100)) if spec.get("on_empty", "error") == "resample" else 1
+    legacy = getattr(split_fn, "legacy_rng", False)
+    if legacy and max_draws > 1:
+        raise SplitError(f"split kind {kind!r} draws from the authors' RandomState(seed) once: on_empty: resample "
+                         f"cannot redraw it")
     official = spec.get("client_split", "random") == "official"
     if official and spec.get("global_test", "none") == "official":
         raise SplitError("client_split: official keeps each client's official test rows, so global_test cannot also "
                          "be 'official'; use global_test: none (or a fraction / sources)")
     for draw in range(1, max_draws + 1):
-        parts = split_fn(labels_all[pool], sources_all[pool], spec, numpy_rng(seed, "split", "partition", draw))
+        rng = np.random.RandomState(seed) if legacy else numpy_rng(seed, "split", "partition", draw)
+        parts = split_fn(labels_all[pool], sources_all[pool], spec, rng)
         held_ref, held_test = np.zeros(0, dtype=int), np.zeros(0, dtype=int)
         overlaps: list[dict] = []
         if isinstance(parts, Partition):
@@ -215,7 +228,8 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
             raise SplitError(f"split keep_clients: {keep} exceeds the {len(parts)} clients the {kind} split makes")
         parts = parts[:keep]                     # the rows of the clients left out: used by nobody
         clients = {
-            f"client{i}": (_official_parts(pool[part], manifest["split"].to_numpy()) if official else
+            f"client{i}": (_given_parts(pool, part) if isinstance(part, dict) else
+                           _official_parts(pool[part], manifest["split"].to_numpy()) if official else
                            _client_parts(pool[part], spec.get("ratios", DEFAULT_RATIOS), numpy_rng(seed, "split", "client", i)))
             for i, part in enumerate(parts)
         }
@@ -326,6 +340,11 @@ def _client_parts(rows: np.ndarray, ratios: dict, rng) -> dict[str, np.ndarray]:
         "val": np.sort(shuffled[n_train:n_train + n_val]),
         "test": np.sort(shuffled[n_train + n_val:]),
     }
+
+
+def _given_parts(pool: np.ndarray, part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A client's train/val/test as a splitter cut them (pool positions -> manifest rows)."""
+    return {name: np.sort(pool[np.asarray(part.get(name, []), dtype=int)]) for name in ("train", "val", "test")}
 
 
 def _official_parts(rows: np.ndarray, official: np.ndarray) -> dict[str, np.ndarray]:

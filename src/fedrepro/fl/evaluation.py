@@ -45,6 +45,10 @@ def evaluate_classification(method, fed: Federation, with_val: bool = True) -> t
     global test set, ``external`` / ``<client>@external`` = the same on the external evaluation set
     (if the split has one), ``clients_mean`` / ``val_mean`` = unweighted means over clients, and
     ``val_pooled`` = the metrics of every client's validation predictions pooled.
+
+    ``upto_<client>@global`` / ``@external`` (personalized): the predictions of the first clients' models,
+    up to and including this one, pooled - what FedAdapterProto's test loop reports as "client k"
+    (berenslab/FedAdapterProto ``lib/update.py::test_inference_new_het_lt`` never resets its counters).
     """
     metrics, preds = {}, {}
 
@@ -66,10 +70,18 @@ def evaluate_classification(method, fed: Federation, with_val: bool = True) -> t
             score(f"{client.name}@external", fed.external, client)
     score("global", fed.global_test, None)
     score("external", fed.external, None)
-    pooled = [preds[f"{c.name}.val"] for c in fed.clients if f"{c.name}.val" in preds]
-    if pooled:
-        probs, labels = np.concatenate([p for p, _ in pooled]), np.concatenate([y for _, y in pooled])
-        metrics.update({f"val_pooled/{k}": v for k, v in classification_metrics(labels, probs).items()})
+
+    def pooled_metrics(key: str, parts: list) -> None:
+        if parts:
+            probs, labels = np.concatenate([p for p, _ in parts]), np.concatenate([y for _, y in parts])
+            metrics.update({f"{key}/{k}": v for k, v in classification_metrics(labels, probs).items()})
+
+    pooled_metrics("val_pooled", [preds[f"{c.name}.val"] for c in fed.clients if f"{c.name}.val" in preds])
+    if method.personalized:
+        for where in ("global", "external"):
+            answered = [c.name for c in fed.clients if f"{c.name}@{where}" in preds]
+            for k, name in enumerate(answered):
+                pooled_metrics(f"upto_{name}@{where}", [preds[f"{n}@{where}"] for n in answered[:k + 1]])
     for mean_key, suffix in (("clients_mean", ""), ("val_mean", ".val")):
         for m in METRICS:
             values = [metrics[f"{c.name}{suffix}/{m}"] for c in fed.clients if f"{c.name}{suffix}/{m}" in metrics]

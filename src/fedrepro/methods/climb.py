@@ -9,17 +9,28 @@ by primal-dual FedAvg. With duals lambda_k >= 0 the server averages the client m
 
     w_k = 1 + lambda_k - mean(lambda)                         (times the base weights, see below)
 
-and, from the losses f_k of the round's global model on each client's training data (a scalar
-upload per client), takes a projected dual ascent step (CLIMB code, shenzebang/Federated-Learning-
-Pytorch ``core/imbalance_fl.py``: divided by N, clamped to [0, lambda_max]):
+and, from the losses f_k of the global model on each client's training data (a scalar upload per
+client), takes a projected dual ascent step (CLIMB code, shenzebang/Federated-Learning-Pytorch
+``core/imbalance_fl.py::ImbalanceFL.step``: divided by N, clamped to [0, lambda_max]):
 
     lambda_k <- clip(lambda_k + eta_d (f_k - mean_j f_j - eps) / N, 0, lambda_max).
 
-f_k (``client_loss``): the CLIMB code sums the mean cross-entropy of every mini-batch of the
-client's training loader (``_evaluate``: ``loss += loss_fn(model(data), label)``), so f_k is about
-(number of batches) x the mean loss: ``batch_sum`` (default; batches of the local batch size, in
-order, the global model in eval mode); ``mean`` = the mean loss per example (the paper's f_k).
-lambda_max = 100 (the code since its commit "Update the maximum dual variable for CLIMB"; 5 before).
+Schedule (``dual_every``, the code's ``n_p_steps`` = 5): one dual step per block of 5 rounds. At the
+start of a block the clients measure f_k on the global model they receive; the block's rounds all
+average with the duals of its start; after its last round the duals take one step with those f_k
+(``ImbalanceFL.step``: weights, ``clients_evaluate``, ``fit(weights, n_p_steps)``, then the dual update).
+``dual_every: 1`` steps every round.
+
+f_k (``client_loss``): the CLIMB code sums the mean cross-entropy of every mini-batch of the client's
+training loader (``utils/general_utils.py::_evaluate``: ``loss += loss_fn(model(data), label)``), a loader
+of batch size n_k // 5 (``utils/data_utils.py::make_dataloader``, ``client_step_per_epoch`` = 5:
+``loss_batches``), shuffled, with the training augmentation, the model in train mode (BatchNorm on the
+batch's statistics, dropout on; nothing calls eval()). So f_k is about 5 x the mean loss: ``batch_sum``
+(default); ``mean`` = the mean loss per example (the paper's f_k). ``loss_mode: eval`` measures in eval
+mode instead. The measurement changes no model: the BatchNorm statistics the train-mode pass
+updates are restored (the code's pass updates the global model's running statistics in place before
+its next 5 rounds). lambda_max = 100 (the code since its commit "Update the maximum dual variable for
+CLIMB"; 5 before).
 
 FedIIC uses (eta_d, eps) = (0.1, 0.1) for ISIC/ICH and (0.01, 0.1) for Real. The base weights are the
 train block's ``aggregation.weights``: CLIMB's objective is the uniform client mean, so the
@@ -69,9 +80,28 @@ CLIMB_PARAMS = {
     "client_loss": {
         "enum": ["batch_sum", "mean"],
         "default": "batch_sum",
-        "description": "f_k of the dual step: batch_sum = the sum over the client's mini-batches (local batch "
-                       "size) of their mean cross-entropy, as the CLIMB code's _evaluate (default); mean = the "
-                       "mean cross-entropy per example (the paper's f_k).",
+        "description": "f_k of the dual step: batch_sum = the sum over the client's loss batches of their mean "
+                       "cross-entropy, as the CLIMB code's _evaluate (default); mean = the mean cross-entropy per "
+                       "example (the paper's f_k).",
+    },
+    "loss_batches": {
+        "type": "integer",
+        "minimum": 1,
+        "default": 5,
+        "description": "f_k is measured in batches of n_k // loss_batches (the CLIMB code's client_step_per_epoch, 5)",
+    },
+    "loss_mode": {
+        "enum": ["train", "eval"],
+        "default": "train",
+        "description": "the model's mode while f_k is measured: train = the CLIMB code (BatchNorm batch statistics, "
+                       "dropout on); eval",
+    },
+    "dual_every": {
+        "type": "integer",
+        "minimum": 1,
+        "default": 5,
+        "description": "rounds per dual step (the CLIMB code's n_p_steps, 5): f_k measured at the start of a block, "
+                       "the duals stepped after its last round",
     },
 }
 
@@ -83,23 +113,30 @@ class CLIMB(ModelAveraging):
     def setup(self) -> None:
         super().setup()
         self.lambdas = torch.zeros(len(self.fed.clients), dtype=torch.float64)
+        self.block_losses: dict[str, float] = {}       # f_k measured at the start of the current block
+
+    def measures(self, rnd: int) -> bool:
+        """Whether round ``rnd`` starts a block: the clients measure f_k on the model they receive."""
+        return rnd % self.params["dual_every"] == 0
 
     def local_update(self, client, message, rnd):
-        model = self.load_client_model(client, message)
-        loss = self.global_loss(model, client)            # f_k(theta) of the received model
+        loss = self.global_loss(self.load_client_model(client, message), client) if self.measures(rnd) else None
         update = super().local_update(client, message, rnd)
-        update.payload[self.LOSS] = torch.tensor([loss], dtype=torch.float64)
+        if loss is not None:
+            update.payload[self.LOSS] = torch.tensor([loss], dtype=torch.float64)
         return update
 
     @torch.no_grad()
     def global_loss(self, model, client) -> float:
-        """f_k: the sum over the client's mini-batches of their mean loss (``batch_sum``), or the mean
+        """f_k: the sum over the client's loss batches of their mean loss (``batch_sum``), or the mean
         loss per example (``mean``)."""
-        batch_sum = self.params["client_loss"] == "batch_sum"
-        size = self.ctx.train["batch_size"] if batch_sum else self.ctx.train["eval_batch_size"]
+        p = self.params
+        batch_sum = p["client_loss"] == "batch_sum"
+        size = max(1, len(client.train) // p["loss_batches"])
         total, n = 0.0, 0
         with fixed_randomness(self.ctx.seed, "augment", "climb-loss", client.index):
-            for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.compute, size):
+            for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.compute, size,
+                                           shuffle=True, train_mode=p["loss_mode"] == "train"):
                 losses = [F.cross_entropy(s, t, reduction="mean" if batch_sum else "sum") for s, t in out.objective]
                 total += float(sum(losses) / len(losses)) if batch_sum else float(sum(losses))
                 n += len(batch["y"])
@@ -111,22 +148,27 @@ class CLIMB(ModelAveraging):
         return (base * climb_weights(self.lambdas[index])).tolist()
 
     def aggregate(self, updates, rnd):
-        losses = []
         for u in updates:
             u.payload, extra = split_payload(u.payload, "climb.")
-            losses.append(float(extra[self.LOSS]))
-        super().aggregate(updates, rnd)          # weights use the duals of this round
-        index = [self.client_index[u.client] for u in updates]
-        self.lambdas[index] = climb_dual_step(self.lambdas[index], torch.tensor(losses, dtype=torch.float64),
-                                              self.params["eta_d"], self.params["epsilon"], self.params["lambda_max"])
+            if self.LOSS in extra:
+                self.block_losses[u.client] = float(extra[self.LOSS])
+        super().aggregate(updates, rnd)          # weights use the duals of the block's start
+        if (rnd + 1) % self.params["dual_every"] == 0 and self.block_losses:
+            names = list(self.block_losses)
+            index = [self.client_index[name] for name in names]
+            losses = torch.tensor([self.block_losses[name] for name in names], dtype=torch.float64)
+            self.lambdas[index] = climb_dual_step(self.lambdas[index], losses, self.params["eta_d"],
+                                                  self.params["epsilon"], self.params["lambda_max"])
+            self.block_losses = {}
 
     @property
     def client_index(self) -> dict[str, int]:
         return {c.name: c.index for c in self.fed.clients}
 
     def state_dict(self):
-        return {**super().state_dict(), "lambdas": self.lambdas.clone()}
+        return {**super().state_dict(), "lambdas": self.lambdas.clone(), "block_losses": dict(self.block_losses)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.lambdas = state["lambdas"].clone()
+        self.block_losses = dict(state.get("block_losses", {}))

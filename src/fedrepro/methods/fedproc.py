@@ -21,6 +21,17 @@ cross-entropy over the R rounds:
 Round 0 (no global prototypes yet) and classes no client has seen use the cross-entropy alone /
 are left out of the prototype softmax. FedIIC gives no FedProc hyper-parameters; tau = 0.5 is our
 choice [GAP], ``schedule: constant`` replaces the curriculum by a fixed alpha.
+
+FedProc has no official code, and FedIIC does not say which implementation it ran. The one most used
+is the FedProc of the FPL / RethinkFL code bases (WenkeHuang/RethinkFL ``models/fedproc.py``,
+``FedProc._train_net`` and ``proto_aggregation``), ``implementation: rethinkfl``. It differs from the
+reading above in five places: the similarity is the plain cosine (no temperature); the representation
+is the backbone's features (no projection layer); a client's prototypes are the means of the features
+its training batches produced during local training (train mode, before each step), not a pass of the
+trained model; the server takes the plain mean of the clients' prototypes (not weighted by counts);
+alpha_r = 1 - r / (R - 1) (0 in the last round). Its prototype loss is summed over the samples whose
+class has a global prototype and divided by the batch size, and in round 0 (no prototypes, alpha = 1)
+its loss alpha * 0 + (1 - alpha) CE is 0.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..device import full_precision
+from ..device import fp32, full_precision
 from ..fl.method import ModelAveraging
 from ..models.families import cross_entropy_over
 from ..registry import register_method
@@ -47,6 +58,21 @@ def prototype_contrastive(r: torch.Tensor, labels: torch.Tensor, prototypes: tor
     return F.cross_entropy(scores[keep], labels[keep])
 
 
+@full_precision
+def rethinkfl_contrastive(f: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor,
+                          known: torch.Tensor) -> torch.Tensor:
+    """RethinkFL's InfoNCE in its arithmetic: per sample -log(exp(cos(f, c^y)) / sum_j exp(cos(f, c^j))) over
+    the known classes (plain cosine, no temperature), summed over the samples of known classes, divided
+    by the batch size."""
+    known = known.to(f.device)
+    exp = torch.exp(F.cosine_similarity(f[:, None, :], prototypes[None, :, :], dim=2)) * known[None, :]
+    keep = known[labels]
+    if not keep.any():
+        return f.sum() * 0.0
+    rows = torch.arange(len(labels), device=f.device)[keep]
+    return -torch.log(exp[rows, labels[keep]] / exp[keep].sum(1)).sum() / len(labels)
+
+
 def curriculum_weight(rnd: int, rounds: int) -> float:
     """alpha_r = 1 - r / R (r counted from 0)."""
     return 1.0 - rnd / rounds
@@ -60,17 +86,33 @@ def weighted_prototypes(means: list[torch.Tensor], counts: list[torch.Tensor]) -
     return summed / total.clamp_min(1.0)[:, None], total > 0
 
 
+def client_mean_prototypes(means: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the plain mean of c_k^j over the clients that have class j, which classes any client has)."""
+    has = (torch.stack(counts) > 0).float()       # K x L
+    holders = has.sum(0)
+    summed = (torch.stack(means) * has[:, :, None]).sum(0)
+    return summed / holders.clamp_min(1.0)[:, None], holders > 0
+
+
 FEDPROC_PARAMS = {
+    "implementation": {
+        "enum": ["paper", "rethinkfl"],
+        "default": "paper",
+        "description": "paper = FedProc's text (projection-layer prototypes of the trained model, count-weighted, "
+                       "temperature tau, alpha = 1 - r/R); rethinkfl = the widely used implementation of the FPL / "
+                       "RethinkFL code bases (models/fedproc.py: plain cosine, backbone features, prototypes from the "
+                       "training batches, plain mean over clients, alpha = 1 - r/(R-1)). FedProc has no official code.",
+    },
     "tau": {
         "type": "number",
         "exclusiveMinimum": 0,
         "default": 0.5,
-        "description": "temperature of the prototype contrast [GAP: FedIIC gives none]",
+        "description": "temperature of the prototype contrast [GAP: FedIIC gives none]; not used by rethinkfl",
     },
     "schedule": {
         "enum": ["linear", "constant"],
         "default": "linear",
-        "description": "linear = alpha_r = 1 - r/R (FedProc); constant = alpha_r = alpha",
+        "description": "linear = alpha_r = 1 - r/R (FedProc; rethinkfl: 1 - r/(R-1)); constant = alpha_r = alpha",
     },
     "alpha": {
         "type": "number",
@@ -88,10 +130,13 @@ class FedProc(ModelAveraging):
 
     def setup(self) -> None:
         super().setup()
-        projector_of(self.server)
+        self.rethinkfl = self.params["implementation"] == "rethinkfl"
+        if not self.rethinkfl:
+            projector_of(self.server)
         self.global_prototypes: torch.Tensor | None = None
         self.known: torch.Tensor | None = None
         self.current = None
+        self.seen: tuple[torch.Tensor, torch.Tensor] | None = None     # rethinkfl: sums and counts of the round's features
 
     def broadcast(self, rnd):
         message = super().broadcast(rnd)
@@ -103,26 +148,48 @@ class FedProc(ModelAveraging):
     def alpha(self, rnd: int) -> float:
         if self.params["schedule"] == "constant":
             return float(self.params["alpha"])
-        return curriculum_weight(rnd, self.ctx.train["rounds"])
+        rounds = self.ctx.train["rounds"]
+        return curriculum_weight(rnd, max(rounds - 1, 1) if self.rethinkfl else rounds)
 
     def local_update(self, client, message, rnd):
         message = dict(message)
         protos, known = message.pop(self.PROTOTYPES, None), message.pop(self.KNOWN, None)
         self.current = (protos.to(self.device), known.to(self.device)) if protos is not None else None
+        self.seen = None
         update = super().local_update(client, message, rnd)
-        means, counts = self.local_prototypes(client)        # with the model just trained
+        means, counts = self.seen_prototypes() if self.rethinkfl else self.local_prototypes(client)
         update.payload.update({"fedproc.means": means, "fedproc.counts": counts})
         return update
 
     def local_loss(self, model, batch, client, rnd):
         out = self.family.forward(model, batch)
         ce = cross_entropy_over(out.objective)
+        if self.rethinkfl:
+            self.remember(out.features, batch["y"])
         if self.current is None:
-            return ce, out
+            return ((1.0 - self.alpha(rnd)) * ce if self.rethinkfl else ce), out
         alpha = self.alpha(rnd)
-        r = self.family.project(model, out)[: len(batch["y"])]
-        gpc = prototype_contrastive(r, batch["y"], *self.current, self.params["tau"])
+        if self.rethinkfl:
+            gpc = rethinkfl_contrastive(out.features, batch["y"], *self.current)
+        else:
+            r = self.family.project(model, out)[: len(batch["y"])]
+            gpc = prototype_contrastive(r, batch["y"], *self.current, self.params["tau"])
         return alpha * gpc + (1.0 - alpha) * ce, out
+
+    @torch.no_grad()
+    def remember(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        """rethinkfl: add the batch's features (as trained on, before the step) to the round's class sums."""
+        features = fp32(features.detach())
+        if self.seen is None:
+            self.seen = (torch.zeros(self.fed.num_classes, features.shape[1], device=features.device),
+                         torch.zeros(self.fed.num_classes, device=features.device))
+        sums, counts = self.seen
+        sums.index_add_(0, labels, features)
+        counts += torch.bincount(labels, minlength=self.fed.num_classes).float()
+
+    def seen_prototypes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        sums, counts = self.seen
+        return sums / counts.clamp_min(1.0)[:, None], counts
 
     @torch.no_grad()
     def local_prototypes(self, client) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +211,8 @@ class FedProc(ModelAveraging):
             means.append(extra["fedproc.means"])
             counts.append(extra["fedproc.counts"])
         super().aggregate(updates, rnd)
-        self.global_prototypes, self.known = weighted_prototypes(means, counts)
+        combine = client_mean_prototypes if self.rethinkfl else weighted_prototypes
+        self.global_prototypes, self.known = combine(means, counts)
 
     def state_dict(self):
         return {**super().state_dict(), "prototypes": self.global_prototypes, "known": self.known}

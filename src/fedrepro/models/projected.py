@@ -26,6 +26,14 @@ experimental details"; only FedIIC builds multi-view batches).
 Pretrained weights: ``true`` = timm's hub weights; a path or ``package:<module>`` = a checkpoint file
 (:func:`fedrepro.models.encoders.create_timm`, which also converts ``efficientnet_pytorch`` checkpoints
 such as the offline EfficientNet-Lite0 ImageNet weights).
+
+FedIIC's authors build ``EfficientNet.from_pretrained('efficientnet-b0')`` of efficientnet_pytorch 0.7.1:
+the TensorFlow EfficientNet-B0 (TF "same" padding, BatchNorm eps 1e-3 and momentum 0.99 in TF's
+convention, i.e. 0.01 in PyTorch's, drop-connect 0.2 growing linearly over the 16 blocks) with its
+AutoAugment ImageNet weights. timm's ``tf_efficientnet_b0.aa_in1k`` is that network and those weights,
+with PyTorch's BatchNorm momentum (0.1) and no stochastic depth unless asked: ``bn_momentum: 0.01`` and
+``drop_path_rate: 0.2`` complete it (timm spreads the drop rate over the blocks as efficientnet_pytorch
+does).
 """
 
 from __future__ import annotations
@@ -94,6 +102,20 @@ PROJ_CLASSIFIER_PARAMS = {
         "default": 0.2,
         "description": "dropout before the classifier (EfficientNet-B0's 0.2)",
     },
+    "drop_path_rate": {
+        "type": "number",
+        "minimum": 0,
+        "maximum": 1,
+        "default": 0.0,
+        "description": "stochastic depth of the backbone (timm's drop_path_rate; efficientnet_pytorch's "
+                       "drop_connect_rate, 0.2 for the FedIIC authors' EfficientNet-B0)",
+    },
+    "bn_momentum": {
+        "oneOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 1}, {"type": "null"}],
+        "default": None,
+        "description": "momentum of every BatchNorm of the backbone in PyTorch's convention (1 - TF's): 0.01 for "
+                       "the FedIIC authors' efficientnet_pytorch B0 (TF's 0.99); null = the backbone's own",
+    },
     "normalize": {"enum": ["imagenet", "clip", "half"], "default": "imagenet"},
     "augment": {
         "enum": ["none", "flip", "standard", "skin", "ich"],
@@ -144,8 +166,14 @@ class ProjectedClassifierFamily(TimmClassifierFamily):
     """Family ``proj_classifier``: a timm classifier with a projection head (params: PROJ_CLASSIFIER_PARAMS)."""
 
     def build(self) -> nn.Module:
-        backbone = encoders.create_timm(self.cfg["backbone"], num_classes=0, pretrained=self.cfg["pretrained"],
-                                        in_chans=self.cfg["in_chans"])
+        cfg = self.cfg
+        stochastic = {"drop_path_rate": cfg["drop_path_rate"]} if cfg.get("drop_path_rate") else {}
+        backbone = encoders.create_timm(cfg["backbone"], num_classes=0, pretrained=cfg["pretrained"],
+                                        in_chans=cfg["in_chans"], **stochastic)
+        if cfg.get("bn_momentum") is not None:
+            for module in backbone.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.momentum = cfg["bn_momentum"]
         proj = self.cfg["projector"]
         features = backbone.num_features
         projector = make_projector(features, proj.get("hidden") or features, proj["out"], proj["activation"])

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .. import paths
-from ..config import Project, resolve_cell
+from ..config import Project, column_eval, resolve_cell
 from ..io import read_json, write_csv, write_text
 from ..registry import TABLE_KINDS, method_class, register_table_kind
 from .item import ReportItem, is_demo, require, split_count_inputs
@@ -147,6 +147,7 @@ def build_table(item: ReportItem) -> TableResult:
             if cell is None:
                 continue
             protocol = project.protocol(paper, cell["setting"], cell["protocol"] or item.protocol)
+            eval_key = column_eval(col, protocol) or cell["eval"]
             for seed in seeds:
                 key = paths.RunKey(paper, protocol, cell["setting"], cell["method"], seed)
                 if cell["task"]:
@@ -157,7 +158,7 @@ def build_table(item: ReportItem) -> TableResult:
                 protocols.add(metrics["run"]["protocol"])
                 rules.add(metrics["selection"]["rule"])
                 test_data |= notes_on_test_use(metrics)
-                values.setdefault(col["label"], {})[seed] = metric_value(metrics, cell["eval"], cell["metric"]) * cell["scale"]
+                values.setdefault(col["label"], {})[seed] = metric_value(metrics, eval_key, cell["metric"]) * cell["scale"]
         for col in columns:
             if "mean_of" in col and ("only" not in row or col["label"] in row["only"]):
                 parts = [values[c] for c in col["mean_of"] if c in values]

@@ -145,7 +145,9 @@ def _collection(lesion_id: str) -> str:
 @preparer("isic2019")
 def isic2019(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     """Label = the one-hot column of the ground truth; ``source`` = the sub-collection (BCN, HAM, MSK;
-    empty where the metadata has no lesion id); ``lesion_id`` kept; no official split."""
+    empty where the metadata has no lesion id); ``lesion_id`` kept; ``truth_row`` = the image's row in the
+    ground-truth CSV (FedIIC's code splits the CSV in that order: split kind ``fediic_code``); no official
+    split."""
     base = raw_root / spec.name
     images = find_folder(base, "ISIC_2019_Training_Input", spec)
     truth_path = find_file(base, ISIC2019_TRUTH, spec)
@@ -174,7 +176,8 @@ def isic2019(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
         "source": _collection(lesion.get(image, "")),
         "image_id": isic_image_id(image),
         "lesion_id": lesion.get(image, ""),
-    } for image, label in zip(truth["image"], onehot.argmax(axis=1))]
+        "truth_row": row,
+    } for row, (image, label) in enumerate(zip(truth["image"], onehot.argmax(axis=1)))]
     return make_manifest(rows, spec.classes)
 
 

@@ -14,12 +14,23 @@ code (``utils/sample_dirichlet.py``, taken from CReFF) runs it (docs/papers/fedi
 4. concatenate all workers' lists in order and re-cut the concatenation into ``clients`` contiguous
    chunks of equal size (the first len % clients one longer).
 
-Given the same random stream (``numpy.random.RandomState(seed)`` for the code's ``seed``) the split is
-the code's. The final clients are equal-sized and only approximately follow the Dirichlet draws: the
+The final clients are equal-sized and only approximately follow the Dirichlet draws: the
 heterogeneity is that of the draws, the sizes are balanced. The generic per-class Dirichlet of
 :mod:`fedrepro.data.partition` (``kind: dirichlet``) is the alternative. When every worker of a group
 is full before a class is placed (all proportions zeroed), that class is spread with equal
 proportions (the original code would divide by zero here).
+
+Kind ``creff`` runs the sampler on whatever pool the split leaves (for FedIIC's settings: what is left
+after a stratified 20 % global test set), with a random stream derived from the split seed: the same
+algorithm, but not the authors' clients. Kind ``fediic_code`` reproduces the authors' clients exactly
+(``dataset/dataset.py::SkinDataset`` and ``train_FedIIC.py``): the ground-truth CSV in its own row order
+(manifest column ``truth_row``), permuted by ``np.random.seed(0)``; the first 70 % of the permutation
+is the training set, the next 10 % the validation set and the last 20 % the test set; the sampler
+runs on the training set's labels in permutation order with ``np.random.RandomState(seed)`` (the
+code's ``--seed``, 0; the permutation seed is fixed at 0 in the code whatever ``--seed`` is). The code's
+validation set is one global set; here it is cut into ``clients`` contiguous chunks that become the
+clients' validation parts, so that their union - what ``selection.validation: pooled`` scores - is
+the code's validation set.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...registry import splitter
-from ..partition import SplitError
+from ..partition import Partition, SplitError
 
 MAX_GROUP_DRAWS = 1000
 
@@ -79,3 +90,30 @@ def split_creff(labels, sources, spec, rng):
         parts += dirichlet_group(labels, order[start:stop], n_workers, alpha, rng)
         start = stop
     return [np.sort(part) for part in equal_recut(parts, n_clients)]
+
+
+# the authors' data split (dataset/dataset.py::SkinDataset.__init__): np.random.seed(0) whatever --seed,
+# then [:0.7 n] train, [0.7 n:0.8 n] validation, [0.8 n:] test
+CODE_PERMUTATION_SEED, CODE_TRAIN_END, CODE_VAL_END = 0, 0.7, 0.8
+
+
+@splitter("fediic_code")
+def split_fediic_code(labels, sources, spec, rng):
+    """The authors' clients, validation and test sets (see the module docstring); ``rng`` is
+    ``numpy.random.RandomState(split seed)``, the code's ``RandomState(args.seed)``."""
+    if spec.get("global_test", "none") != "none" or spec.get("subset") or spec.get("external") \
+            or float(spec.get("reference_fraction", 0)) > 0:
+        raise SplitError("fediic_code cuts its own test set from the whole dataset: set global_test: none, and no "
+                         "subset, external or reference_fraction")
+    n = len(labels)
+    order = np.random.RandomState(CODE_PERMUTATION_SEED).permutation(n)
+    train, val, test = order[:int(CODE_TRAIN_END * n)], order[int(CODE_TRAIN_END * n):int(CODE_VAL_END * n)], \
+        order[int(CODE_VAL_END * n):]
+    clients = split_creff(labels[train], sources[train], spec, rng)
+    validation = np.array_split(val, spec["clients"])
+    return Partition([{"train": train[c], "val": v} for c, v in zip(clients, validation)], held_out=test)
+
+
+split_fediic_code.pool_order = "truth_row"          # the ground-truth CSV's row order
+split_fediic_code.pool_order_required = True
+split_fediic_code.legacy_rng = True
