@@ -125,6 +125,12 @@ def describe_test_use(run: dict, reads_target: bool, split: Split | None = None)
             "selection_on_test": rule in TEST_RULES, "target_is_test": adapts_on_test}
 
 
+# the top-level sections of metrics.json a table cell may name as ``<section>.<name>`` (``summarise``)
+SUMMARY_METRICS = {"comm": ("down_params_per_round", "up_params_per_round", "down_bytes_per_round", "up_bytes_per_round",
+                            "params_per_round", "bytes_per_round", "params_per_client_round"),
+                   "time": ("train_s_per_round", "eval_s_per_round")}
+
+
 def summarise(history, run: dict, participants: int) -> dict:
     """metrics.json: the chosen rule's metrics, and those of every rule the run may compute."""
     train = run["train"]
