@@ -138,6 +138,21 @@ def embedding(key: RunKey, figure: str) -> str:
     return f"results/embeddings/{key.path}/{figure}.npz"
 
 
+_RUN_TREES = ("results/runs/", "results/checkpoints/", "results/downstream/", "results/embeddings/")
+
+
+def run_key_of(path: str) -> RunKey | None:
+    """The run a file under one of the run trees belongs to (its metrics, checkpoint, downstream result or
+    embedding), or None for any other file."""
+    for tree in _RUN_TREES:
+        if path.startswith(tree):
+            parts = path[len(tree):].split("/")
+            if len(parts) >= 6 and parts[4].startswith("seed") and parts[4][4:].isdigit():
+                protocol, paper, setting, method = parts[:4]
+                return RunKey(paper, protocol, setting, method, int(parts[4][4:]))
+    return None
+
+
 # ---- report ------------------------------------------------------------------------------------
 
 def table(protocol: str, paper: str, name: str, suffix: str = ".md") -> str:
