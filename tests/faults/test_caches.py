@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from fedrepro.io import BrokenFile, DiskFull
-
 
 def truncate(path: str | Path, keep: float = 0.5) -> None:
     data = Path(path).read_bytes()
@@ -29,7 +27,7 @@ def assert_set_aside_and_named(error, path: str | Path) -> None:
 def test_a_truncated_image_cache_or_index_names_the_file(tiny):
     from fedrepro.data.decode import DecodeSpec
     from fedrepro.data.image_cache import ImageCache, build_image_cache, cache_paths
-    from fedrepro.io import sha256_file
+    from fedrepro.io import BrokenFile, sha256_file
 
     manifest, raw = tiny["paths"]["manifest"], tiny["paths"]["raw_dir"]
     pixels, index = cache_paths("resources/images/demo_bt/square16-bilinear.u8")
@@ -49,6 +47,7 @@ def test_a_truncated_image_cache_or_index_names_the_file(tiny):
 
 @pytest.mark.parametrize("which", ["features", "split", "manifest"])
 def test_a_truncated_feature_cache_split_or_manifest_stops_the_job_by_name(tiny, which):
+    from fedrepro.io import BrokenFile
     from fedrepro.train import train_run
 
     broken = tiny["paths"][which]
@@ -78,6 +77,7 @@ def test_a_full_disk_names_the_folder_and_the_space_needed(tiny, monkeypatch):
     """resume.pt goes to a file that answers every write with ENOSPC (/dev/full), as a full disk does."""
     import tempfile
 
+    from fedrepro.io import DiskFull
     from fedrepro.train import train_run
 
     if not os.path.exists("/dev/full"):
