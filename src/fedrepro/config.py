@@ -277,6 +277,10 @@ class Project:
             for protocol in PROTOCOLS:
                 for cell in self.resolved_cells(paper["paper"], table_name, protocol):
                     self._check_cell(paper, cell, f"{where}: tables/{table_name}/{cell['where']}")
+                    selection = table.get("selection") or {}
+                    if selection.get("rule") == "one_round" and not cell["task"]:   # the round is chosen on these
+                        self._check_cell(paper, {**cell, "eval": selection["eval"], "metric": selection["metric"]},
+                                         f"{where}: tables/{table_name}/selection")
         for fig_name, fig in paper.get("figures", {}).items():
             check_choice(fig["kind"], FIGURE_KINDS.names(), f"{where}: figures/{fig_name}/kind")
             for s in fig.get("settings", []):

@@ -58,21 +58,19 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
     except OSError as error:
         if error.errno not in NO_SPACE:
             raise
-        raise disk_full(path, size if size is not None else _size(tmp_path)) from error
+        written = tmp_path.stat().st_size if tmp_path.exists() and not tmp_path.is_symlink() else 0
+        raise disk_full(path, size, written) from error
     finally:
         tmp_path.unlink(missing_ok=True)
 
 
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.exists() and not path.is_symlink() else 0
-
-
-def disk_full(path: Path, size: int) -> DiskFull:
+def disk_full(path: Path, size: int | None, written: int) -> DiskFull:
     folder = path.parent
     free = shutil.disk_usage(folder).free
-    return DiskFull(f"no space left on {folder} (writing {path.name}), needs ~{max(1, round(size / 2**20))} MB; "
-                    f"{free / 2**20:.0f} MB free there. Free some space and start the job again (a training run "
-                    f"resumes after its last finished round).")
+    mb = lambda n: max(1, round(n / 2**20))  # noqa: E731
+    needs = f"needs ~{mb(size)} MB" if size is not None else f"needs more than the {mb(written)} MB it had written"
+    return DiskFull(f"no space left on {folder} (writing {path.name}), {needs}; {free / 2**20:.0f} MB free there. "
+                    f"Free some space and start the job again (a training run resumes after its last finished round).")
 
 
 def clear_temporaries(*targets: str | os.PathLike) -> list[Path]:

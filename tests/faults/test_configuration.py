@@ -85,6 +85,12 @@ def test_an_unknown_table_metric_or_eval_is_refused_with_what_exists(tmp_path):
                                           r"'global'\?\); allowed values: \[.*'client2@external'"):
         facmic(tmp_path, eval_set)
 
+    def selection(paper):                   # the round a one_round table reads is chosen on an eval set too
+        paper["tables"]["table5"]["selection"]["eval"] = "client3"
+
+    with pytest.raises(ConfigError, match=r"tables/table5/selection/eval: 'client3' is not an eval set .* \(3 clients\)"):
+        facmic(tmp_path, selection)
+
 
 def test_a_column_naming_an_unknown_setting_is_refused_by_name(tmp_path):
     def typo(paper):
