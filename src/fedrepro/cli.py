@@ -239,20 +239,16 @@ def cmd_validate(args) -> None:
           f"resources (fedrepro weights --list)")
 
 
-def attempt_history(log_file: str | Path) -> Path:
-    """Where every attempt of a job appends its stderr: a hidden file beside its log."""
-    log_file = Path(log_file)
-    return log_file.with_name(f".{log_file.name}.attempts")
-
-
 def attach_log(log_file: str | Path) -> None:
     """Send this process's stderr (logging, tracebacks, libraries' own output) to the job's log, keeping earlier
-    attempts: Snakemake deletes a job's log before each attempt, so the text goes to :func:`attempt_history`,
+    attempts: Snakemake deletes a job's log before each attempt, so the text goes to ``paths.log_attempts``,
     opened for appending, and the log is a hard link to it: a retry of a killed job shows the killed attempt's
     output above its own, each under its header."""
+    from . import paths
+
     log_file = Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    history = attempt_history(log_file)
+    history = Path(paths.log_attempts(str(log_file)))
     fd = os.open(history, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         if not (log_file.exists() and os.path.samefile(log_file, history)):

@@ -56,11 +56,12 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
                 key = self.construct_object(key_node, deep=True)
-                if isinstance(key, (str, int, float, bool)) and key in seen:
+                if not isinstance(key, (str, int, float, bool)):
+                    continue
+                if key in seen:
                     raise DuplicateKey(f"duplicate key {key!r} at line {key_node.start_mark.line + 1} (first at line "
                                        f"{seen[key]}); YAML would keep only the last one: remove or rename one of them")
-                if isinstance(key, (str, int, float, bool)):
-                    seen[key] = key_node.start_mark.line + 1
+                seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
 
 
@@ -125,12 +126,9 @@ def describe_error(error) -> str:
         return f"'{path}' = {error.instance!r} is not allowed{_did_you_mean(error.instance, allowed)}; allowed values: {allowed}"
     if error.validator == "const":
         return f"'{path}' = {error.instance!r}, expected {error.validator_value!r}"
-    if error.validator in RANGE_BOUNDS:
+    if error.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         return f"'{path}' = {error.instance!r} is out of range; allowed: {allowed_range(error.schema)}"
     return f"'{path}': {error.message}"
-
-
-RANGE_BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
 
 
 def allowed_range(schema: dict) -> str:

@@ -50,6 +50,7 @@ from ..io import file_digest, read_json, sha256_file, write_json
 log = logging.getLogger(__name__)
 
 MANIFEST = Path(paths.weights_manifest("x")).name          # weights.json, inside the resource's folder
+FETCH_RECORD = Path(paths.weights_fetch_record("x")).name  # .fetch.json, beside it
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 _PIECE = re.compile(r"[A-Za-z0-9_.+]+(?:-[A-Za-z0-9_.+]+)*")   # no leading/trailing "-", no "--"
 LOCAL_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors", ".ckpt")
@@ -374,7 +375,6 @@ def fetch(spec: WeightSpec, root: str | Path = paths.WEIGHTS_DIR, force: bool = 
     return manifest
 
 
-FETCH_RECORD = ".fetch.json"
 VOLATILE = ("fetched_at", "versions")   # what manifests written before kept in weights.json itself
 
 
