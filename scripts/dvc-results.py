@@ -10,17 +10,21 @@ and optional targets (default ``all``); both commands use them to ask Snakemake 
 push   checks that Snakemake has nothing left to do (else it refuses, unless --force), records the
        outputs of every stage in dvc.yaml that exists (or of --stages) in dvc.lock, uploads them to
        the default DVC remote, and commits dvc.lock (only that file) to git. `git push` shares it.
+       Raw data (stage ``raw``, resources/raw) is never pushed unless --stages names it: credentialed
+       datasets (MIMIC-CXR, BRSET, ...) may not be redistributed under their data use agreements.
 pull   downloads the stages (default: manifests, splits, runs, tables, figures; no raw data, weights,
-       feature caches or checkpoints), checks that the workspace now matches dvc.lock, then lets Snakemake
-       re-order modification times (``snakemake --touch``). DVC does not keep mtimes, so without
-       this step Snakemake would see inputs newer than outputs and rerun them. The touch is done
-       only when DVC confirms the files are exactly the pushed ones; afterwards ``snakemake -n``
+       feature caches or checkpoints) into DVC's cache, checks every downloaded file against its MD5 in
+       dvc.lock before it touches the workspace (a corrupt copy on the remote is refused by name), puts
+       them in place, checks that the workspace now matches dvc.lock, then lets Snakemake re-order
+       modification times (``snakemake --touch``). DVC does not keep mtimes, so without this step
+       Snakemake would see inputs newer than outputs and rerun them. Afterwards ``snakemake -n``
        reports nothing to do and a table rebuilds from the pulled metrics without training.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -31,6 +35,8 @@ from pathlib import Path
 import yaml
 
 DEFAULT_PULL = ("manifests", "splits", "runs", "embeddings", "tables", "figures", "scorecards")
+# pushed only when --stages names them: raw data of credentialed datasets must not leave the machine by default
+PUSHED_ONLY_BY_NAME = ("raw",)
 NOTHING_TO_DO = "Nothing to be done"
 
 
@@ -83,7 +89,13 @@ def push(args, root: Path) -> None:
         raise Failure(f"Snakemake still has {pending} job(s) to run for {args.snakemake or ['all']}: "
                       f"pushing now would share results that are out of date. Finish the run, or pass "
                       f"--force to push what exists.")
-    stages = args.stages or [s for s, outs in known.items() if all((root / o).exists() for o in outs)]
+    stages = args.stages or [s for s, outs in known.items()
+                             if s not in PUSHED_ONLY_BY_NAME and all((root / o).exists() for o in outs)]
+    held = [s for s in PUSHED_ONLY_BY_NAME if s in known and s not in stages and all((root / o).exists() for o in known[s])]
+    if held:
+        print(f"not pushed: {', '.join(held)} ({', '.join(o for s in held for o in known[s])}): raw data may be under a "
+              f"data use agreement that forbids sharing it (MIMIC-CXR, BRSET, ...); name it with --stages to push it.",
+              file=sys.stderr)
     missing = [s for s in stages if not all((root / o).exists() for o in known[s])]
     if missing:
         raise Failure(f"nothing to push for stage(s) {missing}: {[known[s] for s in missing]} do not exist")
@@ -113,7 +125,20 @@ def pull(args, root: Path) -> None:
         stages = [s for s in stages if s in locked]
     if not stages:
         raise Failure("dvc.lock records no results to pull; push some first (scripts/dvc-results.py push)")
-    run(["dvc", "pull", *stages])
+    remote = default_remote(root)
+    fetched = run(["dvc", "fetch", *stages], capture=True, check=False)
+    if fetched.returncode:
+        raise Failure(f"downloading {', '.join(stages)} from {remote} failed (`dvc fetch`, exit {fetched.returncode}); "
+                      f"nothing in the workspace was changed:\n{(fetched.stderr or fetched.stdout).strip()}")
+    bad = verify_fetched(locked, stages)
+    if bad:
+        listed = "\n".join(f"  {path}: {problem}" for path, problem in bad[:20])
+        more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
+        raise Failure(f"{len(bad)} file(s) downloaded from {remote} do not match dvc.lock:\n{listed}{more}\n"
+                      f"Nothing in the workspace was changed, and the bad copies were dropped from DVC's cache. The "
+                      f"remote holds a corrupt copy: push these results again from a machine that has them "
+                      f"(scripts/dvc-results.py push), then pull.")
+    run(["dvc", "checkout", *stages])
     status = json.loads(run(["dvc", "status", "--json", *stages], capture=True).stdout or "{}")
     if status:
         raise Failure(f"after the pull the workspace still differs from dvc.lock, so modification times are "
@@ -123,6 +148,64 @@ def pull(args, root: Path) -> None:
     print(f"pulled {', '.join(stages)}; Snakemake has "
           + ("nothing to do." if not pending else f"{pending} job(s) to run (outputs that were not pushed)."),
           file=sys.stderr)
+
+
+def default_remote(root: Path) -> str:
+    """``remote 'name' (url)`` of the default DVC remote, after checking that a local one is there and readable
+    (DVC itself only says "failed to pull")."""
+    name = run(["dvc", "remote", "default"], capture=True, check=False).stdout.strip()
+    if not name:
+        raise Failure("this repository has no default DVC remote (dvc remote add -d <name> <url>; see .dvc/config)")
+    url = run(["dvc", "config", f"remote.{name}.url"], capture=True).stdout.strip()
+    described = f"the DVC remote '{name}' ({url})"
+    if "://" not in url:    # a local directory: DVC reads a relative one from the folder of its config file
+        folder = (root / ".dvc" / Path(url).expanduser()).resolve()
+        if not folder.is_dir() or not os.access(folder, os.R_OK | os.X_OK):
+            raise Failure(f"{described} cannot be read: {folder} does not exist or is not readable. Point the remote "
+                          f"at the store the results were pushed to (dvc remote modify {name} url <path>).")
+    return described
+
+
+def md5_file(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_fetched(locked: dict, stages: list[str]) -> list[tuple[str, str]]:
+    """Every file of ``stages`` in DVC's cache against the MD5 that dvc.lock records for it (a directory's
+    listing, then each file in it) -> [(workspace path, what is wrong)]; bad copies are removed from the cache."""
+    cache = Path(run(["dvc", "cache", "dir"], capture=True).stdout.strip())
+
+    def cached(md5: str) -> Path:
+        return cache / "files" / "md5" / md5[:2] / md5[2:]
+
+    bad = []
+
+    def check(path: str, md5: str) -> bool:
+        copy = cached(md5)
+        if not copy.is_file():
+            bad.append((path, f"not downloaded (the remote has no object {md5})"))
+            return False
+        actual, expected = md5_file(copy), md5.removesuffix(".dir")    # a listing's MD5 is that of its bytes too
+        if actual != expected:
+            bad.append((path, f"MD5 {actual}, dvc.lock records {expected}"))
+            copy.unlink()
+            return False
+        return True
+
+    for stage in stages:
+        for out in locked[stage].get("outs", []):
+            if out.get("md5") is None:
+                continue
+            if not out["md5"].endswith(".dir"):
+                check(out["path"], out["md5"])
+            elif check(f"{out['path']}/ (its file listing)", out["md5"]):
+                for entry in json.loads(cached(out["md5"]).read_text()):
+                    check(f"{out['path']}/{entry['relpath']}", entry["md5"])
+    return bad
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -516,7 +516,7 @@ def test_training_job_prompts_with_the_class_texts_and_records_the_run_variant(t
     assert variant["split"]["id"] == run["split_id"] and variant["split"]["spec"]["kind"] == "iid"
     assert variant["precision"] == "fp32" and variant["jpeg_draft"] is True
     with_texts("another folder of")
-    with pytest.raises(InputMismatch, match="forcerun features"):
+    with pytest.raises(InputMismatch, match=r"rebuild it: snakemake --cores all --force .*\.pt"):
         train_run(run, "out2", "ckpt2")
 
 

@@ -114,7 +114,7 @@ def test_table_naming_a_missing_method(tmp_path):
     def bad(paper):
         paper["tables"]["accuracy"]["rows"].append({"method": "moon"})
 
-    with pytest.raises(ConfigError, match=r"tables/accuracy method: 'moon' is not allowed"):
+    with pytest.raises(ConfigError, match=r"tables/accuracy/rows/moon/method: 'moon' is not allowed"):
         write_paper(tmp_path, bad)
 
 

@@ -963,7 +963,7 @@ def test_bad_config_errors_name_the_key(tmp_path):
     paper = yaml.safe_load((REPO / "config/demo/feddra.yaml").read_text())
     paper["tables"]["table2"]["columns"][0]["task"] = "klassification"
     (tmp_path / "feddra.yaml").write_text(yaml.safe_dump(paper, allow_unicode=True))
-    with pytest.raises(ConfigError, match=r"tables/table2 task: 'klassification' is not allowed"):
+    with pytest.raises(ConfigError, match=r"tables/table2/columns/.*/task: 'klassification' is not allowed; allowed values"):
         Project({"papers": ["feddra"], "paper_dir": str(tmp_path)}, root=REPO)
 
 

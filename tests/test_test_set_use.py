@@ -70,7 +70,12 @@ def test_clean_domain_adaptation_on_the_test_set_is_refused(tmp_path):
         project_with(tmp_path, paper)
     project_with(tmp_path, paper, protocols=("paper",))                 # the target IS the test set, by the protocol
     no_da = copy.deepcopy(paper)
-    no_da["methods"]["facmic"]["params"] = {"lambda_da": 0}             # reads no target
+    # without L_DA the target batch still passes through the FAM (its BatchNorm statistics adapt to it, as in
+    # the authors' code): that reads the target too; only without the pass does the run read no target
+    no_da["methods"]["facmic"]["params"] = {"lambda_da": 0}
+    with pytest.raises(ConfigError, match="its domain-adaptation target would be the global test set"):
+        project_with(tmp_path, no_da)
+    no_da["methods"]["facmic"]["params"] = {"lambda_da": 0, "target_pass": False}
     project_with(tmp_path, no_da)
     referenced = copy.deepcopy(paper)
     referenced["settings"]["bt_iid"]["split"]["reference_fraction"] = 0.5

@@ -204,7 +204,7 @@ def test_fetch_writes_the_files_and_a_manifest_with_every_sha256(hub, checkpoint
     (killed / "open_clip_model.safetensors").write_bytes(b"half")
     manifest = W.fetch(CLIP_SPEC)
     folder = Path("resources/weights/open_clip--fedrepro-tiny-clip--fake")
-    assert sorted(p.name for p in folder.iterdir()) == ["open_clip_model.safetensors", "weights.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [".fetch.json", "open_clip_model.safetensors", "weights.json"]
     data = checkpoints["repos"][CLIP_REPO]["open_clip_model.safetensors"]
     assert manifest["files"] == {"open_clip_model.safetensors": {"sha256": hashlib.sha256(data).hexdigest(),
                                                                  "bytes": len(data)}}

@@ -116,25 +116,33 @@ def _project(args):
 
 
 def cmd_table(args) -> None:
-    from .report.tables import make_table, table_item, write_table
+    from .report.consistency import check_runs, runs_behind
+    from .report.tables import make_table, table_inputs, table_item, write_table
 
     project = _project(args)
-    result = make_table(table_item(project, args.protocol, args.paper, args.table))
-    write_table(result, args.out, project.config["report"]["error_bars"])
+    item = table_item(project, args.protocol, args.paper, args.table)
+    check_runs(project, runs_behind(table_inputs(item)), args.out)
+    write_table(make_table(item), args.out, project.config["report"]["error_bars"])
 
 
 def cmd_figure(args) -> None:
-    from .report.figures import figure_item, make_figure
+    from .report.consistency import check_runs, runs_behind
+    from .report.figures import figure_inputs, figure_item, make_figure
 
-    make_figure(figure_item(_project(args), args.protocol, args.paper, args.figure), args.out)
+    project = _project(args)
+    item = figure_item(project, args.protocol, args.paper, args.figure)
+    check_runs(project, runs_behind(figure_inputs(item)), args.out)
+    make_figure(item, args.out)
 
 
 def cmd_scorecard(args) -> None:
     from . import paths
     from .report import scorecard
+    from .report.consistency import check_runs, scorecard_runs
     from .report.item import is_demo
 
     project = _project(args)
+    check_runs(project, scorecard_runs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
     tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"))
               for protocol, paper, table in project.tables() if paper in papers]
@@ -146,10 +154,12 @@ def cmd_scorecard(args) -> None:
 
 def cmd_evidence(args) -> None:
     from .report import evidence
+    from .report.consistency import check_runs
 
     project = _project(args)
     if not project.config.get("evidence"):
         raise SystemExit("this configuration sets no learning bar (config key `evidence`)")
+    check_runs(project, project.runs(), args.out)
     scores = evidence.write_page(project, Path(args.out).parent)
     failed = evidence.failures(scores)
     logging.getLogger("fedrepro").info("evidence: %d of %d runs clear the bar (%d exempt)", int(scores["passed"].sum()), len(scores),
@@ -236,6 +246,39 @@ def cmd_validate(args) -> None:
           f"resources (fedrepro weights --list)")
 
 
+def attach_log(log_file: str | Path) -> None:
+    """Send this process's stderr (logging, tracebacks, libraries' own output) to the job's log, keeping earlier
+    attempts: Snakemake deletes a job's log before each attempt, so the text goes to ``paths.log_attempts``,
+    opened for appending, and the log is a hard link to it: a retry of a killed job shows the killed attempt's
+    output above its own, each under its header."""
+    from . import paths
+
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    history = Path(paths.log_attempts(str(log_file)))
+    fd = os.open(history, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        if not (log_file.exists() and os.path.samefile(log_file, history)):
+            log_file.unlink(missing_ok=True)
+            os.link(history, log_file)
+    except OSError:                   # no hard links on this file system: the log holds this attempt only
+        os.close(fd)
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def attempt_header(command: str) -> None:
+    """The first line of each attempt in a job's log (:func:`attach_log` keeps the earlier attempts above it)."""
+    import socket
+    import time
+
+    slurm = f", SLURM job {os.environ['SLURM_JOB_ID']}" if os.environ.get("SLURM_JOB_ID") else ""
+    os.write(2, f"==== fedrepro {command}: attempt started {time.strftime('%Y-%m-%d %H:%M:%S')} on "
+                f"{socket.gethostname()} (pid {os.getpid()}{slurm}) ====\n".encode())
+
+
 # jobs that load models: they read pretrained weights from resources/weights with the hubs switched off
 OFFLINE_JOBS = ("train", "features", "downstream", "embed")
 
@@ -250,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(code)
     parser = argparse.ArgumentParser(prog="fedrepro", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--log", metavar="FILE", help="append this process's stderr to the job log FILE, which keeps "
+                                                      "every attempt (the rules pass their log)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("download", help="fetch and verify a dataset's raw files")
@@ -360,7 +405,16 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(fn=cmd_validate)
 
     args = parser.parse_args(argv)
+    if args.log:
+        attach_log(args.log)
+        attempt_header(args.command)
     log = _setup_logging(args.verbose)
+    if getattr(args, "out", None) and args.command != "train":      # train clears its own folders
+        from .io import clear_temporaries
+
+        # what a killed attempt of this job left: temporaries of <stem>.* beside --out (a table's .md/.csv/.tex,
+        # a cache's .u8/.index.npz, a split's .json/.counts.csv/.png)
+        clear_temporaries(Path(args.out).with_name(Path(args.out).stem))
     if args.command in OFFLINE_JOBS:
         from .models.weights import force_offline
 
@@ -372,12 +426,13 @@ def main(argv: list[str] | None = None) -> None:
     from .data.manifest import ManifestError
     from .data.partition import SplitError
     from .fl.memory import InsufficientMemory
+    from .io import BrokenFile, DiskFull, StaleInput
     from .models.weights import WeightsError
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
-            WeightsError, InsufficientMemory, FileNotFoundError) as error:
+            WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

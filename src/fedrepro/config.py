@@ -40,18 +40,45 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------------------------
 # schema validation
 
-# libyaml's parser when PyYAML has it: the same documents, ~8x faster on the grid's YAML files
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """libyaml's parser when PyYAML has it (the same documents, ~8x faster on the grid's YAML files), refusing
+    a mapping that repeats a key: YAML would silently keep the last one. Keys merged in with ``<<: *anchor``
+    may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, (str, int, float, bool)):
+                    continue
+                if key in seen:
+                    raise DuplicateKey(f"duplicate key {key!r} at line {key_node.start_mark.line + 1} (first at line "
+                                       f"{seen[key]}); YAML would keep only the last one: remove or rename one of them")
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 def load_yaml(path: str | Path) -> Any:
     try:
         with open(path, encoding="utf-8") as fh:
-            return yaml.load(fh, Loader=_YAML_LOADER)
+            return yaml.load(fh, Loader=_Loader)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+
+
+def check_config_files(files) -> None:
+    """What Snakemake's own loader lets through in the files it was given (``--configfile``): repeated keys."""
+    for path in files:
+        load_yaml(path)
 
 
 @lru_cache(maxsize=None)
@@ -86,10 +113,8 @@ def validate(instance: Any, schema: dict, where: str) -> Any:
 
 
 def describe_error(error) -> str:
-    from jsonschema.exceptions import best_match
-
     if error.validator in ("oneOf", "anyOf") and error.context:
-        error = best_match(error.context)
+        error = closest_alternative(error.context)
     path = "/".join(map(str, error.absolute_path)) or "(top level)"
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         allowed = sorted((error.schema.get("properties") or {}).keys())
@@ -101,7 +126,37 @@ def describe_error(error) -> str:
         return f"'{path}' = {error.instance!r} is not allowed{_did_you_mean(error.instance, allowed)}; allowed values: {allowed}"
     if error.validator == "const":
         return f"'{path}' = {error.instance!r}, expected {error.validator_value!r}"
+    if error.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        return f"'{path}' = {error.instance!r} is out of range; allowed: {allowed_range(error.schema)}"
     return f"'{path}': {error.message}"
+
+
+def allowed_range(schema: dict) -> str:
+    """``{exclusiveMinimum: 0, maximum: 1}`` -> ``'0 < value <= 1'``."""
+    low = next((f"{schema[k]} {'<' if k.startswith('exclusive') else '<='} " for k in ("exclusiveMinimum", "minimum")
+                if k in schema), "")
+    high = next((f" {'<' if k.startswith('exclusive') else '<='} {schema[k]}" for k in ("exclusiveMaximum", "maximum")
+                 if k in schema), "")
+    return f"{low}value{high}"
+
+
+def closest_alternative(errors):
+    """The error of the alternative (of a ``oneOf``/``anyOf``) the value was most likely meant as: one whose
+    type fits, with the fewest errors, and in it the error that got deepest into the value
+    (``{fraction: 1.5}`` is a fraction out of range, not a wrong choice among the strings ``none``/``official``)."""
+    from jsonschema.exceptions import best_match
+
+    branches: dict = {}
+    for error in errors:
+        branches.setdefault(error.schema_path[0] if error.schema_path else None, []).append(error)
+
+    def misfit(error) -> bool:
+        return not error.relative_path and (error.validator == "type" or (
+            error.validator == "enum" and isinstance(error.instance, (dict, list))))
+
+    closest = min(branches.values(), key=lambda errs: (any(map(misfit, errs)), len(errs)))
+    deepest = max(len(e.relative_path) for e in closest)
+    return best_match([e for e in closest if len(e.relative_path) == deepest])
 
 
 def _did_you_mean(value: Any, allowed) -> str:
@@ -199,9 +254,9 @@ class Project:
     def _check_paper(self, paper: dict, where: str) -> None:
         from .registry import DATASETS, FIGURE_KINDS, METHODS, TABLE_KINDS
 
-        split_schema = {"$defs": _schema(str(self.root.resolve()), "paper.schema.yaml")["$defs"], "$ref": "#/$defs/split"}
         for name, setting in paper["settings"].items():
             check_choice(setting["dataset"], DATASETS.names(), f"{where}: settings/{name}/dataset")
+            check_split(setting["split"], DATASETS.get(setting["dataset"]).obj.classes, f"{where}: settings/{name}/split")
             for protocol, override in setting.get("protocols", {}).items():
                 at = f"{where}: settings/{name}/protocols/{protocol}"
                 dataset = override.get("dataset", setting["dataset"])
@@ -209,7 +264,8 @@ class Project:
                 if DATASETS.get(dataset).obj.classes != DATASETS.get(setting["dataset"]).obj.classes:
                     raise ConfigError(f"{at}/dataset: {dataset!r} has other classes than {setting['dataset']!r}; "
                                       f"a setting reads datasets of the same classes under every protocol")
-                validate(override.get("split", setting["split"]), split_schema, f"{at}/split")
+                if "split" in override:
+                    check_split(override["split"], DATASETS.get(dataset).obj.classes, f"{at}/split")
         for name, variant in paper["methods"].items():
             algorithm = variant.get("method", name)
             check_choice(algorithm, METHODS.names(), f"{where}: methods/{name}/method")
@@ -227,12 +283,14 @@ class Project:
             check_choice(table["kind"], TABLE_KINDS.names(), f"{where}: tables/{table_name}/kind")
             for s in table.get("settings", []):
                 check_choice(s, paper["settings"], f"{where}: tables/{table_name}/settings")
+            check_table_names(paper, table, f"{where}: tables/{table_name}")
             for protocol in PROTOCOLS:
                 for cell in self.resolved_cells(paper["paper"], table_name, protocol):
-                    check_choice(cell["setting"], paper["settings"], f"{where}: tables/{table_name} setting")
-                    check_choice(cell["method"], paper["methods"], f"{where}: tables/{table_name} method")
-                    if cell["task"]:
-                        check_choice(cell["task"], paper.get("downstream", {}), f"{where}: tables/{table_name} task")
+                    self._check_cell(paper, cell, f"{where}: tables/{table_name}/{cell['where']}")
+                    selection = table.get("selection") or {}
+                    if selection.get("rule") == "one_round" and not cell["task"]:   # the round is chosen on these
+                        self._check_cell(paper, {**cell, "eval": selection["eval"], "metric": selection["metric"]},
+                                         f"{where}: tables/{table_name}/selection")
         for fig_name, fig in paper.get("figures", {}).items():
             check_choice(fig["kind"], FIGURE_KINDS.names(), f"{where}: figures/{fig_name}/kind")
             for s in fig.get("settings", []):
@@ -241,6 +299,39 @@ class Project:
                 check_choice(m, paper["methods"], f"{where}: figures/{fig_name}/methods")
             for t in fig.get("tables", []):
                 check_choice(t, paper.get("tables", {}), f"{where}: figures/{fig_name}/tables")
+
+    def _check_cell(self, paper: dict, cell: dict, where: str) -> None:
+        """A table cell's ``metric`` and ``eval`` name something its run (or downstream result) reports."""
+        from .registry import METHODS, MODELS
+
+        if cell["task"]:
+            from .downstream import TASK_METRICS, fraction_key
+
+            task = paper["downstream"][cell["task"]]
+            check_choice(cell["eval"], [fraction_key(f) for f in task["fractions"]],
+                         f"{where}/eval (the training fractions of downstream/{cell['task']})")
+            check_choice(cell["metric"], TASK_METRICS[task["kind"]], f"{where}/metric (what a {task['kind']} reports)")
+            return
+        from .fl.evaluation import TASK_METRICS, eval_keys
+        from .train import SUMMARY_METRICS
+
+        train = self.train_config(paper["paper"], cell["setting"], cell["method"], cell["protocol"])
+        task = MODELS.get(train["model"]["family"]).obj.task
+        summary = [f"{section}.{name}" for section, names in SUMMARY_METRICS.items() for name in names]
+        check_choice(cell["metric"], [*TASK_METRICS[task], *summary], f"{where}/metric (what a {task} run reports)")
+        if cell["metric"] in summary:
+            return      # a run's total, not per eval set
+        algorithm = METHODS.get(paper["methods"][cell["method"]].get("method", cell["method"])).obj
+        prefixes = algorithm.eval_prefixes(self.method_params(paper["paper"], cell["method"], cell["protocol"]))
+        clients = expected_clients(self.setting(paper["paper"], cell["setting"], cell["protocol"])["split"])
+        known = eval_keys(task, [f"client{i}" for i in range(clients if clients is not None else 1)], prefixes)
+        # with a client count only the data can tell, any client<k> stands for client0
+        named = cell["eval"] if clients is not None else re.sub(r"client\d+", "client0", cell["eval"])
+        if named not in known:
+            count = f"{clients} clients" if clients is not None else "clients client0, client1, ..."
+            shown = known if len(known) <= 24 else [*known[:24], "..."]
+            raise ConfigError(f"{where}/eval: {cell['eval']!r} is not an eval set of setting {cell['setting']!r} ({count})"
+                              f"{_did_you_mean(cell['eval'], known)}; allowed values: {shown}")
 
     def _check_test_data_use(self) -> None:
         """No run of the clean protocol reads its test data, unless its train block opts in with
@@ -535,12 +626,13 @@ class Project:
         if spec["kind"] != "runs":
             return []
         out = []
-        for row in spec.get("rows", []):
+        for i, row in enumerate(spec.get("rows", [])):
             for col in spec.get("columns", []):
                 cell = resolve_cell(spec, row, col)
                 if cell is not None:
                     cell["protocol"] = self.protocol(paper, cell["setting"], cell["protocol"] or protocol)
                     cell["eval"] = column_eval(col, cell["protocol"]) or cell["eval"]
+                    cell["where"] = f"rows/{row.get('label') or row.get('method') or i} x columns/{col['label']}"
                     out.append(cell)
         return out
 
@@ -580,6 +672,49 @@ class Project:
         for name in list(names):
             names.update(DATASETS.get(name).obj.depends_on)
         return sorted(names)
+
+
+def check_split(split: dict, classes, where: str) -> None:
+    """What the schema cannot see in a split: a registered kind, class names the dataset has, ratios that add
+    up (the train part is what val and test leave, so a train ratio that does not fit would be ignored)."""
+    from .registry import SPLITTERS
+
+    check_choice(split["kind"], SPLITTERS.names(), f"{where}/kind")
+    if "per_source" in split:
+        check_split(split["per_source"], classes, f"{where}/per_source")
+    for name in (split.get("subset") or {}).get("classes", []):
+        check_choice(name, classes, f"{where}/subset/classes (the dataset's classes)")
+    ratios = split.get("ratios")
+    if ratios:
+        total = sum(ratios.values())
+        if ("train" in ratios and abs(total - 1) > 1e-6) or total > 1 + 1e-6:
+            raise ConfigError(f"{where}/ratios: {ratios} add up to {total:g}, not 1; allowed: train + val + test = 1 "
+                              f"(e.g. train: {max(0.0, 1 - ratios.get('val', 0) - ratios.get('test', 0)):g} with these "
+                              f"val and test)")
+
+
+def expected_clients(split: dict) -> int | None:
+    """How many clients a split makes, where its spec says (``clients``, or one per listed source of
+    ``by_source``, times the clients of ``per_source``); None where only the data can tell."""
+    if split["kind"] != "by_source":
+        return split.get("clients")
+    if not split.get("sources"):
+        return None
+    inner = expected_clients(split["per_source"]) if "per_source" in split else 1
+    return None if inner is None else inner * len(split["sources"])
+
+
+def check_table_names(paper: dict, table: dict, where: str) -> None:
+    """Every setting, method and task a table's rows and columns name exists in the paper file."""
+    kinds = {"setting": paper["settings"], "method": paper["methods"], "task": paper.get("downstream", {})}
+    for axis, entries in (("rows", table.get("rows", [])), ("columns", table.get("columns", []))):
+        for i, entry in enumerate(entries):
+            at = f"{where}/{axis}/{entry.get('label') or entry.get('method') or i}"
+            for key, allowed in kinds.items():
+                if key in entry:
+                    check_choice(entry[key], allowed, f"{at}/{key}")
+                for label, name in (entry.get(f"{key}s") or {}).items() if key != "task" else ():
+                    check_choice(name, allowed, f"{at}/{key}s/{label}")
 
 
 def resolve_cell(table: dict, row: dict, col: dict) -> dict | None:

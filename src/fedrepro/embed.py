@@ -18,8 +18,8 @@ import torch
 
 from .config import ConfigError, check_choice
 from .data.manifest import read_manifest
-from .data.partition import Split
-from .io import atomic_path, read_json
+from .data.partition import Split, read_split_file
+from .io import atomic_path
 from .registry import EXTRACTORS, register_extractor
 from .seeding import numpy_rng
 
@@ -190,7 +190,7 @@ def prototype_activations(job: dict) -> dict:
     opts = prototype_options(figure, figure["name"], [run["seed"]], classes)
     nets = ClientNets(_family(run, classes), _checkpoint(job), model_cfg["prototype_activation"])
     manifest = read_manifest(run["paths"]["manifest"])
-    split = Split.from_json(read_json(run["paths"]["split"]))
+    split = Split.from_json(read_split_file(run["paths"]["split"]))
     raw = Path(run["paths"]["raw_dir"])
     size = model_cfg["image_size"]
     picked = _pick_rows(split, manifest, opts, classes, figure["name"])

@@ -9,11 +9,13 @@ the prepare step decodes every image once and stops (or drops and reports them).
 
 from __future__ import annotations
 
+import pickle
+import zipfile
 from pathlib import Path
 
 import torch
 
-from .io import sha256_file, torch_save
+from .io import broken, sha256_file, torch_save
 from .models.encoders import encode_prompts
 
 
@@ -78,4 +80,25 @@ def build_feature_cache(manifest_path: Path, raw_root: Path, class_names: list[s
     cache["weights"] = ({"sha256": sha256_file(weights)} if weights.is_file()
                         else {"tag": encoder["pretrained"], "files": fetched})
     torch_save(out, cache)
+    return cache
+
+
+CACHE_KEYS = ("image", "text", "labels", "paths", "class_names", "encoder", "manifest_sha256")
+
+
+def load_feature_cache(path: str | Path) -> dict:
+    """A feature cache as :func:`build_feature_cache` wrote it; a truncated or corrupt file is set aside and named
+    with the command that rebuilds it (torch alone says only "checkpoint file is corrupted")."""
+    rebuild = f"snakemake --cores all {path}"
+    if not zipfile.is_zipfile(path):       # torch.save's container: a cut-off file loses its central directory
+        raise broken(path, "truncated or not a feature cache (no complete torch archive)", rebuild)
+    try:
+        cache = torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+        raise broken(path, f"corrupt ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})",
+                     rebuild) from None
+    missing = [k for k in CACHE_KEYS if k not in cache] if isinstance(cache, dict) else list(CACHE_KEYS)
+    if missing or len(cache["image"]) != len(cache["labels"]):
+        raise broken(path, f"not a complete feature cache (missing {missing})" if missing else
+                     f"inconsistent ({len(cache['image'])} image features for {len(cache['labels'])} labels)", rebuild)
     return cache

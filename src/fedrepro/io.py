@@ -1,26 +1,53 @@
-"""Atomic file output and hashing.
+"""Atomic file output, hashing, and files that cannot be written or read back.
 
-Every file the pipeline produces is written to a temporary sibling and moved into place with
-``os.replace``, so a killed job never leaves a half-written file that looks complete.
+Every file the pipeline produces is written to a temporary sibling (``.<name>.<random>.tmp``) and moved into
+place with ``os.replace``, so a killed job never leaves a half-written file that looks complete; the temporary
+files a killed job leaves are removed when a job for the same outputs starts again (:func:`clear_temporaries`).
+A write that fails for lack of space says where and how much it needed (:class:`DiskFull`). A file made
+earlier that turns out truncated or corrupt is set aside under another name, kept for inspection, and reported
+with the command that makes it again (:func:`broken`); with it gone, Snakemake's next run rebuilds it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(RuntimeError):
+    """A write failed because its file system (or quota) is full; names the folder and the space needed."""
+
+
+class BrokenFile(RuntimeError):
+    """A file made earlier (a cache, split, manifest, checkpoint) cannot be read as what it should be."""
+
+
+class StaleInput(RuntimeError):
+    """A file was made from other versions of its inputs than those here now; names it and the command that
+    rebuilds it."""
+
+
+def temporary_name(path: str | os.PathLike) -> str:
+    """The prefix of the temporary files :func:`atomic_path` writes for ``path``."""
+    return f".{Path(path).name}."
+
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; move it over ``path`` only if the block succeeds."""
+def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; move it over ``path`` only if the block succeeds. ``size``:
+    about how many bytes the block writes, for the message when the disk is full."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -28,13 +55,65 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with open(tmp_path, "rb") as fh:  # make the bytes durable before the rename publishes them
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
+    except OSError as error:
+        if error.errno not in NO_SPACE:
+            raise
+        written = tmp_path.stat().st_size if tmp_path.exists() and not tmp_path.is_symlink() else 0
+        raise disk_full(path, size, written) from error
     finally:
         tmp_path.unlink(missing_ok=True)
 
 
+def disk_full(path: Path, size: int | None, written: int) -> DiskFull:
+    folder = path.parent
+    free = shutil.disk_usage(folder).free
+    mb = lambda n: max(1, round(n / 2**20))  # noqa: E731
+    needs = f"needs ~{mb(size)} MB" if size is not None else f"needs more than the {mb(written)} MB it had written"
+    return DiskFull(f"no space left on {folder} (writing {path.name}), {needs}; {free / 2**20:.0f} MB free there. "
+                    f"Free some space and start the job again (a training run resumes after its last finished round).")
+
+
+def clear_temporaries(*targets: str | os.PathLike) -> list[Path]:
+    """Remove what a killed writer of ``targets`` left: their ``.<name>.<random>.tmp`` siblings, or, for a folder the
+    caller owns (a run's output or checkpoint folder), every such file in it. Call it where one job owns the
+    targets (its outputs), never on a file other jobs may be writing."""
+    removed = []
+    for target in map(Path, targets):
+        if target.is_dir():
+            leftovers = [p for p in target.glob(".*.tmp") if p.is_file() or p.is_symlink()]
+        else:
+            leftovers = list(target.parent.glob(f"{temporary_name(target)}*.tmp")) if target.parent.is_dir() else []
+        for leftover in leftovers:
+            leftover.unlink(missing_ok=True)
+            removed.append(leftover)
+    return removed
+
+
+def set_aside(path: str | os.PathLike, why: str = "broken") -> Path:
+    """Rename ``path`` to ``<path>.<why>`` (``.<why>-2``, ... if taken): kept for a look, out of the way."""
+    path = Path(path)
+    aside = path.with_name(f"{path.name}.{why}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.{why}-{n}")
+    os.replace(path, aside)
+    return aside
+
+
+def broken(path: str | os.PathLike, problem: str, rebuild: str | None = None) -> BrokenFile:
+    """Set ``path`` aside and -> the error that says what is wrong with it and which command makes it again
+    (default: the Snakemake target itself; the next Snakemake run that needs it rebuilds it anyway)."""
+    path = Path(path)
+    aside = set_aside(path) if path.exists() else None
+    moved = f"; set aside as {aside}" if aside else ""
+    return BrokenFile(f"{path} is {problem}{moved}. Rebuild it: {rebuild or f'snakemake --cores all {path}'}")
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    data = text.encode("utf-8")
+    with atomic_path(path, len(data)) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -55,8 +134,34 @@ def write_csv(path: str | os.PathLike, frame) -> None:
 def torch_save(path: str | os.PathLike, obj: Any) -> None:
     import torch
 
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    # through a Python file object: a full disk is then an OSError with its errno, not torch's "unexpected pos"
+    with atomic_path(path, state_bytes(obj)) as tmp:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+
+
+def state_bytes(obj) -> int:
+    """Bytes of the tensors in a nested dict / list (shared storages counted once)."""
+    import torch
+
+    seen, total = set(), 0
+
+    def walk(x):
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            key = (x.untyped_storage().data_ptr(), x.device) if x.device.type != "meta" else id(x)
+            if key not in seen:
+                seen.add(key)
+                total += x.untyped_storage().nbytes() if x.device.type != "meta" else x.numel() * x.element_size()
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(obj)
+    return total
 
 
 def canonical_json(obj: Any) -> str:
@@ -74,6 +179,18 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         for block in iter(lambda: fh.read(chunk), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of a file, computed once per process for an unchanged file (size and mtime)."""
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]
 
 
 def _json_default(value: Any) -> Any:

@@ -11,7 +11,8 @@ live side by side and never overwrite each other.
     resources/images/<dataset>/<decode spec>.u8           decode-once image cache (+ .index.npz)
     resources/features/<dataset>/<encoder key>.pt         frozen-encoder feature cache
     resources/weights/<weights id>/                       pretrained weights, fetched once (+ weights.json:
-                                                          every file's SHA-256, the source and its revision)
+                                                          every file's SHA-256, the source and its revision;
+                                                          .fetch.json: when, with which library versions)
     resources/model_profiles/<key>.json                   a model's memory figures (a cache, fedrepro.fl.memory)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
@@ -21,6 +22,7 @@ live side by side and never overwrite each other.
     results/tables/<protocol>/<paper>/<table>.{md,csv,tex,seeds.csv}
     results/figures/<protocol>/<paper>/<figure>.{png,pdf}
     results/scorecards/<paper>.{md,html,csv,png}          (and all.* across papers)
+    logs/<rule>/<job>.log                                 a job's log: every attempt (+ .<job>.log.attempts)
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ def weights_manifest(weights_id: str, root: str = WEIGHTS_DIR) -> str:
     return f"{root}/{weights_id}/weights.json"
 
 
+def weights_fetch_record(weights_id: str, root: str = WEIGHTS_DIR) -> str:
+    """When a resource was last fetched and with which library versions (beside its manifest, not in it)."""
+    return f"{root}/{weights_id}/.fetch.json"
+
+
 def model_profile(key: str) -> str:
     """A model's and method's memory figures, computed once on the meta device (fedrepro.fl.memory)."""
     return f"resources/model_profiles/{key}.json"
@@ -138,6 +145,21 @@ def embedding(key: RunKey, figure: str) -> str:
     return f"results/embeddings/{key.path}/{figure}.npz"
 
 
+_RUN_TREES = ("results/runs/", "results/checkpoints/", "results/downstream/", "results/embeddings/")
+
+
+def run_key_of(path: str) -> RunKey | None:
+    """The run a file under one of the run trees belongs to (its metrics, checkpoint, downstream result or
+    embedding), or None for any other file."""
+    for tree in _RUN_TREES:
+        if path.startswith(tree):
+            parts = path[len(tree):].split("/")
+            if len(parts) >= 6 and parts[4].startswith("seed") and parts[4][4:].isdigit():
+                protocol, paper, setting, method = parts[:4]
+                return RunKey(paper, protocol, setting, method, int(parts[4][4:]))
+    return None
+
+
 # ---- report ------------------------------------------------------------------------------------
 
 def table(protocol: str, paper: str, name: str, suffix: str = ".md") -> str:
@@ -161,6 +183,12 @@ def evidence(name: str = "index.html") -> str:
 
 def log(kind: str, name: str) -> str:
     return f"logs/{kind}/{name}.log"
+
+
+def log_attempts(log_file: str) -> str:
+    """Where every attempt of a job appends its output (the job's log is a hard link to it: ``fedrepro --log``)."""
+    folder, _, name = str(log_file).rpartition("/")
+    return f"{folder}/.{name}.attempts" if folder else f".{name}.attempts"
 
 
 def as_path(value: str) -> Path:

@@ -31,8 +31,9 @@ from .data.decode import spec_of
 from .data.image_cache import ImageCache
 from .data.loader import loader_pool, resolve_workers
 from .data.manifest import read_manifest
-from .data.partition import Split
+from .data.partition import Split, read_split_file
 from .device import Compute, resolve_device
+from .features import load_feature_cache
 from .fl.comm import CommLedger
 from .fl.engine import run_rounds
 from .fl.federation import (
@@ -55,7 +56,7 @@ from .fl.selection import (
     select,
     validation_key,
 )
-from .io import atomic_path, read_json, sha256_file, torch_save, write_csv, write_json
+from .io import StaleInput, atomic_path, clear_temporaries, sha256_file, torch_save, write_csv, write_json
 from .models.families import build_family
 from .models.weights import require as require_weights
 from .models.weights import weight_specs
@@ -64,7 +65,7 @@ from .registry import dataset, method_class
 from .seeding import configure_determinism
 
 
-class InputMismatch(RuntimeError):
+class InputMismatch(StaleInput):
     pass
 
 
@@ -74,28 +75,30 @@ def load_federation(run: dict, split_file: dict | None = None):
     if already read."""
     paths = run["paths"]
     spec = dataset(run["dataset"])
-    split_file = read_json(paths["split"]) if split_file is None else split_file
+    split_file = read_split_file(paths["split"]) if split_file is None else split_file
+    manifest = read_manifest(paths["manifest"])     # a cut-off manifest is named as such, not as "another version"
     manifest_sha = sha256_file(paths["manifest"])
     if split_file["manifest_sha256"] != manifest_sha:
-        raise InputMismatch(f"{paths['split']} was made from another version of {paths['manifest']}; rebuild the split")
+        raise InputMismatch(f"{paths['split']} was made from another version of {paths['manifest']}; rebuild the split: "
+                            f"snakemake --cores all --force {paths['split']}")
     split = Split.from_json(split_file)
     allow_test = opted_in(run["train"])
     check_disjoint(split, run["protocol"], allow_test, where=paths["split"])
     hashes = {"manifest_sha256": manifest_sha, "split_sha256": sha256_file(paths["split"]), "split_seed": split_file["seed"]}
     class_names = list(spec.class_texts)     # what CLIP prompts say (the authors' class folder names)
     if run["input"] == "features":
-        cache = torch.load(paths["features"], map_location="cpu", weights_only=False)
+        cache = load_feature_cache(paths["features"])
         if cache["manifest_sha256"] != manifest_sha:
-            raise InputMismatch(f"{paths['features']} was computed from another version of {paths['manifest']}")
+            raise InputMismatch(f"{paths['features']} was computed from another version of {paths['manifest']}; rebuild "
+                                f"it: snakemake --cores all --force {paths['features']}")
         if cache.get("class_names") != class_names:
             raise InputMismatch(f"{paths['features']} holds the text features of the classes {cache.get('class_names')}, "
-                                f"but {run['dataset']}'s prompts now say {class_names}; rebuild it (snakemake "
-                                f"--forcerun features {paths['features']})")
+                                f"but {run['dataset']}'s prompts now say {class_names}; rebuild it: snakemake "
+                                f"--cores all --force {paths['features']}")
         hashes["features_sha256"] = sha256_file(paths["features"])
         hashes["encoder_weights"] = cache.get("weights")
         return build_feature_federation(split, run["protocol"], cache, class_names, allow_test), hashes
     family = build_family(run["train"]["model"], class_names, {})
-    manifest = read_manifest(paths["manifest"])
     missing = [c for c in family.extra_columns if c not in manifest.columns]
     if missing:
         raise InputMismatch(f"{paths['manifest']} has no column(s) {missing}, which model family "
@@ -128,6 +131,12 @@ def describe_test_use(run: dict, reads_target: bool, split: Split | None = None)
                                f"paper protocol or set allow_test_selection: true in its train block")
     return {"protocol": run["protocol"], "allow_test_selection": opted_in(run["train"]),
             "selection_on_test": rule in TEST_RULES, "target_is_test": adapts_on_test}
+
+
+# the top-level sections of metrics.json a table cell may name as ``<section>.<name>`` (``summarise``)
+SUMMARY_METRICS = {"comm": ("down_params_per_round", "up_params_per_round", "down_bytes_per_round", "up_bytes_per_round",
+                            "params_per_round", "bytes_per_round", "params_per_client_round"),
+                   "time": ("train_s_per_round", "eval_s_per_round")}
 
 
 def summarise(history, run: dict, participants: int) -> dict:
@@ -209,6 +218,10 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     log = log or logging.getLogger("fedrepro.train")
     out_dir, checkpoint_dir = Path(out_dir), Path(checkpoint_dir)
     started = time.time()
+    states = Path(paths.client_states(checkpoint_dir))
+    # what a killed attempt left half-written (.model.pt.<random>.tmp, ...): this job owns these folders
+    for leftover in clear_temporaries(out_dir, checkpoint_dir, *(p for p in states.glob("*") if p.is_dir())):
+        log.info("removed %s, left by an attempt that was stopped", leftover)
     reset_peak_rss()
     determinism = configure_determinism(run["deterministic"])
     if run.get("threads"):
@@ -231,11 +244,10 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
         log.info("%s", line)
     check_fits(needed, log)
     algorithm = method_class(run["algorithm"]["name"])
-    split_file = read_json(run["paths"]["split"])
+    split_file = read_split_file(run["paths"]["split"])
     test_data = describe_test_use(run, algorithm.reads_target(run["algorithm"]["params"]), Split.from_json(split_file))
     fed, hashes = load_federation(run, split_file)
     hashes["weights"] = weights
-    states = Path(paths.client_states(checkpoint_dir))
     ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log, state_dir=states)
     method = algorithm(ctx)
     resume = checkpoint_dir / "resume.pt"

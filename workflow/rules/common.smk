@@ -10,7 +10,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from fedrepro import paths
-from fedrepro.config import ConfigError, Project
+from fedrepro.config import ConfigError, Project, check_config_files
 from fedrepro.embed import model_config as embed_model_config
 from fedrepro.models.weights import WeightsError, encoder_weights, weight_specs
 from fedrepro.models.weights import check as check_weights
@@ -26,6 +26,7 @@ envvars:
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 
 try:
+    check_config_files(workflow.configfiles)   # what Snakemake's loader lets through: repeated keys
     PROJECT = Project(config, root=workflow.basedir)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration:\n{error}")
@@ -226,24 +227,71 @@ def embed_inputs(wildcards) -> dict:
     return inputs
 
 
+# A report's inputs include the run_manifest.json of every run it reads: its job checks that each run was made
+# from the manifest, split and weights that are here now (fedrepro.report.consistency).
+
+
 def table_inputs(wildcards) -> list[str]:
+    from fedrepro.report.consistency import with_run_manifests
     from fedrepro.report.tables import table_inputs, table_item
 
-    return table_inputs(table_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.table))
+    return with_run_manifests(table_inputs(table_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.table)))
 
 
 def figure_inputs(wildcards) -> list[str]:
+    from fedrepro.report.consistency import with_run_manifests
     from fedrepro.report.figures import figure_inputs, figure_item
 
-    return figure_inputs(figure_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.figure))
+    return with_run_manifests(figure_inputs(figure_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.figure)))
 
 
 def evidence_inputs(wildcards=None) -> list[str]:
+    from fedrepro.report.consistency import with_run_manifests
     from fedrepro.report.evidence import run_inputs
 
-    return run_inputs(PROJECT)
+    return with_run_manifests(run_inputs(PROJECT))
+
+
+# What each table, figure, scorecard and the evidence page is made from besides its input files (its spec, the
+# labels it prints, ...), hashed: a param of its rule, so editing one definition rebuilds exactly that output.
+
+
+def configuration(wildcards, output) -> str:
+    """The whole configuration, for a report job to rebuild the project from. It takes ``output``, which makes it
+    a param Snakemake derives from files and does not compare between runs: a change to the configuration
+    reruns only the outputs whose definition param it changes."""
+    return CONFIG_JSON
+
+
+def table_definition(wildcards) -> str:
+    from fedrepro.report.definitions import definition_hash, item_definition
+    from fedrepro.report.tables import table_item
+
+    return definition_hash(item_definition(table_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.table)))
+
+
+def figure_definition(wildcards) -> str:
+    from fedrepro.report.definitions import definition_hash, item_definition
+    from fedrepro.report.figures import figure_item
+
+    return definition_hash(item_definition(figure_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.figure)))
+
+
+def scorecard_definition(wildcards) -> str:
+    from fedrepro.report.definitions import definition_hash, scorecard_definition
+
+    return definition_hash(scorecard_definition(PROJECT, wildcards.paper))
+
+
+def evidence_definition(wildcards) -> str:
+    from fedrepro.report.definitions import definition_hash, evidence_definition
+
+    return definition_hash(evidence_definition(PROJECT))
 
 
 def scorecard_inputs(wildcards) -> list[str]:
+    from fedrepro.report.consistency import scorecard_runs
+
     papers = list(PROJECT.papers) if wildcards.paper == "all" else [wildcards.paper]
-    return [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in PROJECT.tables() if paper in papers]
+    tables = [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in PROJECT.tables() if paper in papers]
+    return tables + [paths.run_file(key, "run_manifest.json") for key in scorecard_runs(PROJECT, wildcards.paper)]

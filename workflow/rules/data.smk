@@ -18,7 +18,7 @@ rule download:
     conda:
         ENV
     shell:
-        "fedrepro download {wildcards.dataset} --raw-dir {params.raw} 2> {log}"
+        "fedrepro --log {log} download {wildcards.dataset} --raw-dir {params.raw}"
 
 
 rule weights:
@@ -32,7 +32,7 @@ rule weights:
     conda:
         ENV
     shell:
-        "fedrepro weights {wildcards.weights} 2> {log}"
+        "fedrepro --log {log} weights {wildcards.weights}"
 
 
 rule prepare:
@@ -54,8 +54,8 @@ rule prepare:
     conda:
         ENV
     shell:
-        "fedrepro prepare {wildcards.dataset} --raw-dir {params.raw} --out {output.manifest} "
-        "--corrupt {params.corrupt} --workers {threads} 2> {log}"
+        "fedrepro --log {log} prepare {wildcards.dataset} --raw-dir {params.raw} --out {output.manifest} "
+        "--corrupt {params.corrupt} --workers {threads}"
 
 
 rule split:
@@ -80,8 +80,8 @@ rule split:
     conda:
         ENV
     shell:
-        "fedrepro split --dataset {params.dataset} --manifest {input.manifest} --spec {params.spec:q} "
-        "--seed {params.seed} --out {output.split} 2> {log}"
+        "fedrepro --log {log} split --dataset {params.dataset} --manifest {input.manifest} --spec {params.spec:q} "
+        "--seed {params.seed} --out {output.split}"
 
 
 rule image_cache:
@@ -104,8 +104,8 @@ rule image_cache:
     conda:
         ENV
     shell:
-        "fedrepro image-cache --manifest {input.manifest} --raw-dir {params.raw} --spec {wildcards.spec} "
-        "--workers {threads} --out {output.pixels} 2> {log}"
+        "fedrepro --log {log} image-cache --manifest {input.manifest} --raw-dir {params.raw} --spec {wildcards.spec} "
+        "--workers {threads} --out {output.pixels}"
 
 
 rule features:
@@ -133,6 +133,6 @@ rule features:
         ENV
     shell:
         "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDREPRO_CPUS={threads}; "
-        "fedrepro features --dataset {wildcards.dataset} --manifest {input.manifest} --raw-dir {params.raw} "
+        "fedrepro --log {log} features --dataset {wildcards.dataset} --manifest {input.manifest} --raw-dir {params.raw} "
         "--encoder {params.encoder:q} --device {params.device} --workers auto --jpeg-draft {params.draft} "
-        "--out {output.features} 2> {log}"
+        "--out {output.features}"

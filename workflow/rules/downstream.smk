@@ -20,4 +20,4 @@ rule downstream:
         ENV
     shell:
         "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8; "
-        "fedrepro downstream --job {params.job:q} --out {output.result} 2> {log}"
+        "fedrepro --log {log} downstream --job {params.job:q} --out {output.result}"

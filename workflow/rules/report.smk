@@ -23,7 +23,7 @@ rule embed:
         ENV
     shell:
         "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; "
-        "fedrepro embed --job {params.job:q} --out {output.embedding} 2> {log}"
+        "fedrepro --log {log} embed --job {params.job:q} --out {output.embedding}"
 
 
 rule table:
@@ -38,14 +38,15 @@ rule table:
         tex=paths.table("{protocol}", "{paper}", "{table}", ".tex"),
         seeds=paths.table("{protocol}", "{paper}", "{table}", ".seeds.csv"),
     params:
-        config=CONFIG_JSON,
+        definition=table_definition,
+        config=configuration,
     log:
         paths.log("tables", "{protocol}/{paper}/{table}"),
     conda:
         ENV
     shell:
-        "fedrepro table --config-json {params.config:q} --protocol {wildcards.protocol} --paper {wildcards.paper} "
-        "--table {wildcards.table} --out {output.md} 2> {log}"
+        "fedrepro --log {log} table --config-json {params.config:q} --protocol {wildcards.protocol} --paper {wildcards.paper} "
+        "--table {wildcards.table} --out {output.md}"
 
 
 rule figure:
@@ -57,14 +58,15 @@ rule figure:
                    labels={"paper": "{paper}", "protocol": "{protocol}", "figure": "{figure}"}),
         pdf=paths.figure("{protocol}", "{paper}", "{figure}", ".pdf"),
     params:
-        config=CONFIG_JSON,
+        definition=figure_definition,
+        config=configuration,
     log:
         paths.log("figures", "{protocol}/{paper}/{figure}"),
     conda:
         ENV
     shell:
-        "fedrepro figure --config-json {params.config:q} --protocol {wildcards.protocol} --paper {wildcards.paper} "
-        "--figure {wildcards.figure} --out {output.png} 2> {log}"
+        "fedrepro --log {log} figure --config-json {params.config:q} --protocol {wildcards.protocol} --paper {wildcards.paper} "
+        "--figure {wildcards.figure} --out {output.png}"
 
 
 rule scorecard:
@@ -80,13 +82,14 @@ rule scorecard:
         png=paths.scorecard("{paper}", ".png"),
         pdf=paths.scorecard("{paper}", ".pdf"),
     params:
-        config=CONFIG_JSON,
+        definition=scorecard_definition,
+        config=configuration,
     log:
         paths.log("scorecards", "{paper}"),
     conda:
         ENV
     shell:
-        "fedrepro scorecard --config-json {params.config:q} --paper {wildcards.paper} --out {output.html} 2> {log}"
+        "fedrepro --log {log} scorecard --config-json {params.config:q} --paper {wildcards.paper} --out {output.html}"
 
 
 rule evidence:
@@ -99,10 +102,11 @@ rule evidence:
         md=paths.evidence("index.md"),
         csv=paths.evidence("bar.csv"),
     params:
-        config=lambda wc: json.dumps(PROJECT.config, sort_keys=True),
+        definition=evidence_definition,
+        config=configuration,
     log:
         paths.log("evidence", "index"),
     conda:
         ENV
     shell:
-        "fedrepro evidence --config-json {params.config:q} --out {output.html} 2> {log}"
+        "fedrepro --log {log} evidence --config-json {params.config:q} --out {output.html}"

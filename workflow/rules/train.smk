@@ -33,5 +33,5 @@ rule train:
         ENV
     shell:
         "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDREPRO_CPUS={threads}; "
-        "fedrepro train --run {params.run:q} --out $(dirname {output.metrics}) "
-        "--checkpoint-dir {params.checkpoint_dir} 2> {log}"
+        "fedrepro --log {log} train --run {params.run:q} --out $(dirname {output.metrics}) "
+        "--checkpoint-dir {params.checkpoint_dir}"

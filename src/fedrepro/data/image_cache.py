@@ -11,12 +11,14 @@ returns for every manifest row, as uint8 pixels in one flat, memory-mapped array
 
 Augmentations still run per epoch on the cached images, so training is unchanged; the cached and
 the uncached path give the same tensors (both go through ``decode_image``). A cache built from
-another version of the manifest, or for another spec, is refused with the file's name.
+another version of the manifest, or for another spec, is refused with the file's name; a truncated or corrupt
+one is set aside and named with the command that rebuilds it.
 """
 
 from __future__ import annotations
 
 import json
+import zipfile
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..io import atomic_path, sha256_file
+from ..io import atomic_path, broken, sha256_file
 from .decode import DecodeSpec, decode_image
 
 
@@ -95,10 +97,20 @@ class ImageCache:
             if not path.exists():
                 raise FileNotFoundError(f"image cache {path} not found: build it with "
                                         f"`snakemake {self.pixels_path}` (or `fedrepro image-cache`)")
-        with np.load(self.index_path) as index:
-            self.offsets, self.shapes = index["offsets"], index["shapes"]
-            self.meta = json.loads(str(index["meta"]))
-        self.spec = DecodeSpec.from_json(self.meta["spec"])
+        rebuild = f"snakemake --cores all {self.pixels_path}"
+        try:
+            with np.load(self.index_path) as index:
+                self.offsets, self.shapes = index["offsets"], index["shapes"]
+                self.meta = json.loads(str(index["meta"]))
+            self.spec = DecodeSpec.from_json(self.meta["spec"])
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as error:   # truncated, not a cache
+            raise broken(self.index_path, f"not a readable image-cache index ({type(error).__name__}: {error})",
+                         rebuild) from None
+        size = self.pixels_path.stat().st_size
+        if len(self.offsets) != len(self.shapes) + 1 or size != int(self.offsets[-1]):
+            raise broken(self.pixels_path, f"{size} bytes but its index {self.index_path.name} says "
+                                           f"{int(self.offsets[-1])} ({len(self.shapes)} images): truncated or "
+                                           f"replaced", rebuild)
         if manifest_sha256 is not None and self.meta["manifest_sha256"] != manifest_sha256:
             raise StaleImageCache(f"{self.pixels_path} was built from another version of the manifest "
                                   f"(SHA-256 {self.meta['manifest_sha256'][:12]}…, the manifest now "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..io import write_csv
+from ..io import broken, write_csv
 
 REQUIRED_COLUMNS = ("path", "label", "class_name", "source", "split")
 OFFICIAL_SPLITS = ("train", "val", "test", "")
@@ -68,5 +68,17 @@ def write_manifest(path: str | Path, frame: pd.DataFrame) -> None:
 
 
 def read_manifest(path: str | Path) -> pd.DataFrame:
-    frame = pd.read_csv(path, dtype={"path": str, "class_name": str, "source": str, "split": str}, keep_default_na=False)
+    """A manifest as ``fedrepro prepare`` wrote it; one whose header or rows are cut off (or that is no CSV) is
+    set aside and named with the command that rebuilds it."""
+    try:
+        frame = pd.read_csv(path, dtype={"path": str, "class_name": str, "source": str, "split": str},
+                            keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
+        raise broken(path, f"not a readable manifest ({type(error).__name__}: {str(error).splitlines()[0]})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise broken(path, f"not a complete manifest: its header lacks {missing} (required: {list(REQUIRED_COLUMNS)})")
+    if len(frame) and not pd.api.types.is_integer_dtype(frame["label"]):
+        bad = frame.index[pd.to_numeric(frame["label"], errors="coerce").isna()].tolist()
+        raise broken(path, f"cut off or corrupt: row(s) {[i + 2 for i in bad[:5]]} have no integer label")
     return validate_manifest(frame)

@@ -29,11 +29,14 @@ recorded in the split file.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..io import broken
 from ..registry import SPLITTERS, splitter
 from ..seeding import numpy_rng
 
@@ -92,6 +95,22 @@ class Split:
             external=as_array(data.get("external", [])),
             declared_overlaps=check_overlaps(data.get("declared_overlaps", []), "split file"),
         )
+
+
+SPLIT_FILE_KEYS = ("dataset", "seed", "manifest_sha256", "clients", "global_test", "reference")
+
+
+def read_split_file(path: str | Path) -> dict:
+    """A split file as ``fedrepro split`` wrote it; a truncated or corrupt one is set aside and named with the
+    command that rebuilds it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise broken(path, f"not a readable split file ({error})") from None
+    missing = [k for k in SPLIT_FILE_KEYS if k not in data] if isinstance(data, dict) else list(SPLIT_FILE_KEYS)
+    if missing:
+        raise broken(path, f"not a complete split file (missing {missing})")
+    return data
 
 
 @dataclass

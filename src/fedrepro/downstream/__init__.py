@@ -42,6 +42,11 @@ class DownstreamError(ValueError):
     pass
 
 
+# what each kind of task reports per training fraction (``eval`` of its result: fraction_key -> metrics)
+TASK_METRICS = {"linear_probe": ("acc", "bacc", "f1", "auc", "ece", "n", "n_train"),
+                "segmentation": ("dice", "dice_per_image", "n_train")}
+
+
 def fraction_key(fraction: float) -> str:
     """0.01 -> '1%', 0.1 -> '10%', 1.0 -> '100%' (the eval keys tables name)."""
     return f"{fraction * 100:g}%"

@@ -31,33 +31,11 @@ from pathlib import Path
 
 import torch
 
-from ..io import torch_save
+from ..io import state_bytes, torch_save
 
 MODES = ("memory", "disk", "auto")
 AUTO_SPILL_BYTES = 256 * 2**20
 INDEX_KEY = "__client_state_files__"
-
-
-def state_bytes(obj) -> int:
-    """Bytes of the tensors in a nested dict / list (shared storages counted once)."""
-    seen, total = set(), 0
-
-    def walk(x):
-        nonlocal total
-        if isinstance(x, torch.Tensor):
-            key = (x.untyped_storage().data_ptr(), x.device) if x.device.type != "meta" else id(x)
-            if key not in seen:
-                seen.add(key)
-                total += x.untyped_storage().nbytes() if x.device.type != "meta" else x.numel() * x.element_size()
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-
-    walk(obj)
-    return total
 
 
 class MissingClientState(RuntimeError):

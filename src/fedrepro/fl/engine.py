@@ -5,7 +5,8 @@ Resume: after every round the method state, the history and the tracked predicti
 ``resume.pt`` (atomic write); per-client state kept on disk (:mod:`fedrepro.fl.client_state`) is
 referenced from it by file name, and only the files of clients whose state changed are written. A job that is killed and started again continues after the last
 finished round; since every random stream is keyed by (seed, purpose, round, client), the resumed
-run produces the same numbers as an uninterrupted one.
+run produces the same numbers as an uninterrupted one. A ``resume.pt`` that cannot be read (truncated, corrupt)
+is set aside as ``resume.pt.corrupt`` and the run starts again from its beginning, with a warning.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..io import torch_save
+from ..io import set_aside, torch_save
 from ..seeding import seed_global
 from .federation import Federation
 from .method import FederatedMethod
@@ -45,8 +46,8 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
     start, resumed_from = 0, None
 
     method.setup()
-    if checkpoint.exists():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = read_checkpoint(checkpoint, log) if checkpoint.exists() else None
+    if state is not None:
         if state.get("config_hash") == run["config_hash"]:
             method.load_state_dict(state["method"])
             method.ctx.comm.load_state_dict(state["comm"])
@@ -96,6 +97,26 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
         method.checkpoint_committed()     # per-client state files the checkpoint no longer names go
 
     return RunResult(pd.DataFrame(history), tracker.predictions, method.ctx.comm.state_dict(), resumed_from)
+
+
+CHECKPOINT_KEYS = ("config_hash", "next_round", "history", "method", "comm", "tracker")
+
+
+def read_checkpoint(checkpoint: Path, log: logging.Logger) -> dict | None:
+    """The state in ``resume.pt``, or None when the file cannot be read (truncated, corrupt): it is then set aside
+    (kept, renamed ``resume.pt.corrupt``) and the run starts again from its beginning, the last state known good,
+    instead of failing every retry until someone deletes it."""
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
+        if not missing:
+            return state
+        problem = f"it lacks {missing}"
+    except Exception as error:  # noqa: BLE001 - whatever torch or pickle raise, the file is unusable
+        problem = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    aside = set_aside(checkpoint, "corrupt")
+    log.warning("%s cannot be read (%s); set aside as %s. The run starts again from round 1.", checkpoint, problem, aside)
+    return None
 
 
 def _fmt(value) -> str:

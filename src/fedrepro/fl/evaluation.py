@@ -18,6 +18,25 @@ from .federation import Federation
 METRICS = ("acc", "bacc", "f1", "auc", "ece")
 RETRIEVAL_METRICS = ("recall@1", "recall@5", "cos_sim")
 EVAL_SPLITS = (("", "test"), (".val", "val"))
+# what each task reports per eval set ("n": how many examples were scored)
+TASK_METRICS = {"classification": (*METRICS, "n"), "retrieval": (*RETRIEVAL_METRICS, "n")}
+
+
+def eval_keys(task: str, clients: list[str], prefixes: list[str] = ()) -> list[str]:
+    """Every eval key a run of ``task`` over ``clients`` may report (keys of personalized models
+    included), with the extra keys a method adds under ``prefixes``: what a table may name."""
+    if task == "retrieval":
+        pairs = [f"{owner}@{data}" for owner in clients for data in clients]
+        per_client = clients + pairs
+        keys = ["global", "clients_mean", "clients_worst", "clients_disparity", "val_mean"]
+        keys += [f"{key}{suffix}" for key in per_client for suffix, _ in EVAL_SPLITS]
+        keys += [f"{prefix}{key}{suffix}" for prefix in prefixes for key in per_client for suffix, _ in EVAL_SPLITS]
+        return keys
+    keys = ["global", "external", "clients_mean", "val_mean", "val_pooled"]
+    for client in clients:
+        keys += [client, f"{client}.val", f"{client}@global", f"{client}@external",
+                 f"upto_{client}@global", f"upto_{client}@external"]
+    return keys
 
 
 def evaluate(method, fed: Federation) -> tuple[dict, dict]:

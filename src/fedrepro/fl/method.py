@@ -123,6 +123,12 @@ class FederatedMethod(ABC):
         paper protocol that set is the global test set."""
         return False
 
+    @classmethod
+    def eval_prefixes(cls, params: dict) -> list[str]:
+        """Prefixes of the extra eval keys ``evaluate`` adds with ``params`` (e.g. ``turn25.`` for the models
+        a method keeps from one round), so that the configuration check knows the keys tables may name."""
+        return []
+
     def participants(self) -> list[ClientData]:
         """The clients that train each round (all, in sorted order, unless a method says otherwise)."""
         return self.fed.clients

@@ -50,6 +50,10 @@ DECENTRALIZED_PARAMS = {
 class Decentralized(ModelAveraging):
     personalized = True
 
+    @classmethod
+    def eval_prefixes(cls, params: dict) -> list[str]:
+        return [f"turn{params['federated_rounds']}."] if params["federated_rounds"] else []
+
     def setup(self) -> None:
         super().setup()
         self.local_states = self.client_states("own_models")   # client -> its own full model after its last local round
@@ -107,7 +111,7 @@ class Decentralized(ModelAveraging):
     def evaluate(self, fed):
         metrics, preds = super().evaluate(fed)
         if self.turn_states and self.family.task == "retrieval":
-            metrics.update(score_models(self, fed, self.turn_states, f"turn{self.params['federated_rounds']}."))
+            metrics.update(score_models(self, fed, self.turn_states, *self.eval_prefixes(self.params)))
         return metrics, preds
 
     def memory_layout(self) -> dict:

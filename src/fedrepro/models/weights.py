@@ -5,7 +5,9 @@ alone, the pretrained files it loads (``register_model(..., weights=fn)``, ``fn(
 [WeightSpec]``; the functions below), the way it declares its decode specs. The ``weights`` rule (a
 local job: it runs where Snakemake runs, on the login node, like the downloads) fetches each resource
 once into ``resources/weights/<id>/`` and writes ``weights.json`` there last: every file's SHA-256
-and size, the source, its revision and the library versions. Training, feature, embedding and
+and size, the source and its revision. It changes only when the content does: fetching the same bytes
+again (``--force``) leaves it as it was, so nothing made from it reruns; when and with which library
+versions it was fetched is kept beside it (``.fetch.json``). Training, feature, embedding and
 downstream jobs depend on those files, check them before they load any data (:func:`require`) and
 load them from there with the hubs switched off (:func:`force_offline`): a compute node never reaches
 the internet.
@@ -43,11 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
-from ..io import read_json, sha256_file, write_json
+from ..io import file_digest, read_json, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
 MANIFEST = Path(paths.weights_manifest("x")).name          # weights.json, inside the resource's folder
+FETCH_RECORD = Path(paths.weights_fetch_record("x")).name  # .fetch.json, beside it
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 _PIECE = re.compile(r"[A-Za-z0-9_.+]+(?:-[A-Za-z0-9_.+]+)*")   # no leading/trailing "-", no "--"
 LOCAL_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors", ".ckpt")
@@ -232,18 +235,6 @@ def read_manifest(spec: WeightSpec, root: str | Path = paths.WEIGHTS_DIR) -> dic
     return manifest
 
 
-_DIGESTS: dict[tuple[str, int, int], str] = {}
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file, computed once per process for an unchanged file (size and mtime)."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = sha256_file(path)
-    return _DIGESTS[key]
-
-
 def check(spec: WeightSpec, root: str | Path = paths.WEIGHTS_DIR, deep: bool = True) -> dict:
     """The manifest of a local copy whose every file is present with its recorded size and (``deep``)
     SHA-256; else a :class:`WeightsError` naming the file and the command that fetches it again."""
@@ -364,16 +355,33 @@ def fetch(spec: WeightSpec, root: str | Path = paths.WEIGHTS_DIR, force: bool = 
             "files": {p.relative_to(staging).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
                       for p in files},
             **{k: v for k, v in info.items() if k != "primary"},
-            "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "versions": _versions(),
         }
         source.check_loadable(staging, manifest)
-        write_json(staging / MANIFEST, manifest)
+        unchanged = recorded_content(final / MANIFEST) == manifest
+        if unchanged:      # the same bytes again: the manifest stays as it was, so nothing made from it reruns
+            shutil.copy2(final / MANIFEST, staging / MANIFEST)
+        else:
+            write_json(staging / MANIFEST, manifest)
+        # when and with which libraries: beside the manifest, not in it (a refetch of the same bytes changes nothing)
+        write_json(staging / FETCH_RECORD, {"fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": _versions()})
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     total = sum(r["bytes"] for r in manifest["files"].values())
-    log.info("%s: %d file(s), %.1f MB -> %s", spec.id, len(manifest["files"]), total / 1e6, final)
+    log.info("%s: %d file(s), %.1f MB -> %s%s", spec.id, len(manifest["files"]), total / 1e6, final,
+             f" (the same content as before: {MANIFEST} unchanged)" if unchanged else "")
     return manifest
+
+
+VOLATILE = ("fetched_at", "versions")   # what manifests written before kept in weights.json itself
+
+
+def recorded_content(manifest: Path) -> dict | None:
+    """What a weights manifest says about the content (files, source, revision), or None if there is none."""
+    try:
+        recorded = read_json(manifest)
+    except (OSError, ValueError):
+        return None
+    return {k: v for k, v in recorded.items() if k not in VOLATILE} if isinstance(recorded, dict) else None

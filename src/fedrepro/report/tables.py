@@ -55,11 +55,12 @@ def metric_value(metrics: dict, eval_key: str, metric: str) -> float:
     if "." in metric:
         section, name = metric.split(".", 1)
         return float(metrics[section][name])
-    try:
-        return float(metrics["eval"][eval_key][metric])
-    except KeyError:
-        available = sorted(metrics.get("eval", {}))
-        raise KeyError(f"metrics have no {eval_key}/{metric}; eval sets available: {available}") from None
+    evals = metrics.get("eval", {})
+    if eval_key not in evals:
+        raise KeyError(f"metrics have no eval set {eval_key!r}; eval sets available: {sorted(evals)}")
+    if metric not in evals[eval_key]:
+        raise KeyError(f"eval set {eval_key!r} has no metric {metric!r}; metrics available: {sorted(evals[eval_key])}")
+    return float(evals[eval_key][metric])
 
 
 def one_round(metrics: dict, folder: Path, selection: dict | None) -> dict:

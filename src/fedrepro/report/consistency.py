@@ -1,0 +1,88 @@
+"""A report is built only from runs made from the inputs that are here now.
+
+Every run records in its ``run_manifest.json`` the SHA-256 of the manifest and the split it was trained on and of
+every pretrained-weights file it loaded. Before a table, figure, scorecard or the evidence page reads runs, its job
+compares those records with the files as they are now (those on this machine: a ``dvc pull`` brings manifests and
+splits, not always the weights). A run made from other inputs (a manifest edited or restored by hand, a split
+rebuilt, weights fetched again with other bytes) is refused by name, with the command that rebuilds it, so a table
+never mixes runs made from different data. The rules declare the run manifests as inputs (:func:`with_run_manifests`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import paths
+from ..config import Project
+from ..io import StaleInput, file_digest, read_json
+from ..paths import RunKey
+
+
+class StaleRuns(StaleInput):
+    """Runs a report would read were made from inputs that have changed since."""
+
+
+def runs_behind(files) -> list[RunKey]:
+    """The runs the files belong to (metrics, downstream results, embeddings), in order, once each."""
+    return list(dict.fromkeys(key for key in map(paths.run_key_of, map(str, files)) if key is not None))
+
+
+def with_run_manifests(files: list[str]) -> list[str]:
+    """A report rule's inputs plus the ``run_manifest.json`` of every run behind them (what the check reads)."""
+    manifests = [paths.run_file(key, "run_manifest.json") for key in runs_behind(files)]
+    return list(dict.fromkeys([*files, *manifests]))
+
+
+def changed_inputs(project: Project, key: RunKey) -> tuple[list[str], list[str]]:
+    """-> (what changed since run ``key`` was made, files to rebuild besides the run): each recorded input that is
+    here now and differs, compared with the files the run would be made from today."""
+    recorded = read_json(paths.run_file(key, "run_manifest.json")).get("inputs", {})
+    now = project.run_config(key)["paths"]
+    changes, rebuild = [], []
+    for name, path in (("manifest_sha256", now["manifest"]), ("split_sha256", now["split"])):
+        if recorded.get(name) and Path(path).is_file() and file_digest(path) != recorded[name]:
+            changes.append(f"{path} (SHA-256 {recorded[name][:12]}… when the run was made, {file_digest(path)[:12]}… now)")
+    split = now["split"]
+    if Path(split).is_file() and Path(now["manifest"]).is_file():
+        made_from = read_json(split).get("manifest_sha256")
+        if made_from and made_from != file_digest(now["manifest"]):
+            changes.append(f"{split} was made from another version of {now['manifest']}")
+            rebuild.append(split)
+    for weights_id, files in (recorded.get("weights") or {}).items():
+        manifest = Path(paths.weights_manifest(weights_id))
+        if manifest.is_file():
+            current = {name: r["sha256"] for name, r in read_json(manifest)["files"].items()}
+            if current != files:
+                changes.append(f"pretrained weights {weights_id} ({manifest} lists other files or SHA-256s)")
+    return changes, rebuild
+
+
+def check_runs(project: Project, keys, target: str | Path) -> None:
+    """Refuse to build ``target`` from runs whose recorded inputs differ from the current files."""
+    stale, rebuild = {}, {}
+    for key in dict.fromkeys(keys):
+        manifest = paths.run_file(key, "run_manifest.json")
+        if not Path(manifest).is_file():
+            raise FileNotFoundError(f"{manifest} not found: {target} reads run {key.path}, whose run manifest records what "
+                                    f"it was made from; rebuild the run (snakemake {target} --forcerun "
+                                    f"{paths.run_file(key)}) or pull it (scripts/dvc-results.py pull)")
+        changes, files = changed_inputs(project, key)
+        if changes:
+            stale[key] = changes
+            rebuild.update(dict.fromkeys(files))
+    if not stale:
+        return
+    listed = "\n".join(f"  {key.path}: {'; '.join(changes)}" for key, changes in list(stale.items())[:10])
+    more = f"\n  ... and {len(stale) - 10} more" if len(stale) > 10 else ""
+    files = [*rebuild, *(paths.run_file(key) for key in stale)]
+    raise StaleRuns(f"{target}: {len(stale)} run(s) were made from inputs that have changed since, so they cannot go into "
+                    f"it beside runs made from the current ones:\n{listed}{more}\nRebuild them from the current inputs:\n"
+                    f"    snakemake {target} --cores all --forcerun {' '.join(files)}")
+
+
+def scorecard_runs(project: Project, paper: str) -> list[RunKey]:
+    """The runs behind a scorecard: those of every table of ``paper`` (or of every paper: ``all``)."""
+    from .tables import table_inputs, table_item
+
+    return runs_behind(f for protocol, p, table in project.tables() if paper in ("all", p)
+                       for f in table_inputs(table_item(project, protocol, p, table)))

@@ -1,0 +1,87 @@
+"""What each derived output is made from besides its input files: the part of the configuration that defines it.
+
+A table is made from its runs' files (the rule's inputs) and from its definition: its spec in the paper file, the
+labels of the methods and settings it names, the seeds, how error bars are printed, whether this is the demo. The
+``table``, ``figure``, ``scorecard`` and ``evidence`` rules take the hash of exactly that definition as a param, so
+editing a table's ``metric``, or renaming a method it shows, rebuilds that table (and what is made from it) and
+nothing else; adding a paper or changing a training setting leaves the tables of other papers alone.
+"""
+
+from __future__ import annotations
+
+from ..config import Project
+from ..io import hash_obj
+from .item import ReportItem, is_demo
+
+
+def named(item: ReportItem, what: str) -> list[str]:
+    """The method variants (``what="method"``) or settings (``"setting"``) a table or figure names: in its
+    ``methods``/``settings`` list, its rows and columns, and (tables) the runs of its cells."""
+    spec = item.spec
+    names = list(spec.get(f"{what}s", []))
+    for entry in [*spec.get("rows", []), *spec.get("columns", [])]:
+        names += [entry[what]] if entry.get(what) else []
+        names += list((entry.get(f"{what}s") or {}).values())
+    if item.kind == "tables":
+        names += [getattr(key, what) for key in item.project.table_runs(item.paper, item.name, item.protocol)]
+    return sorted(set(names))
+
+
+def method_entries(project: Project, paper: str, methods) -> dict:
+    """What a report shows of each method variant: its label and why it may not clear the learning bar."""
+    entries = project.papers[paper]["methods"]
+    return {m: {"label": entries[m].get("label", m), "bar_exemption": entries[m].get("bar_exemption")} for m in methods}
+
+
+def setting_entries(project: Project, paper: str, settings) -> dict:
+    entries = project.papers[paper]["settings"]
+    return {s: {k: entries[s].get(k) for k in ("label", "dataset", "protocol")} for s in settings}
+
+
+def item_definition(item: ReportItem) -> dict:
+    """Everything a table or figure is built from that is not one of its input files."""
+    project = item.project
+    tables = project.papers[item.paper].get("tables", {})
+    return {
+        "kind": item.kind, "name": item.name, "protocol": item.protocol, "paper": item.paper,
+        "spec": item.spec,
+        "methods": method_entries(project, item.paper, named(item, "method")),
+        "settings": setting_entries(project, item.paper, named(item, "setting")),
+        "tables": {t: tables[t].get("title", t) for t in item.spec.get("tables", [])},   # figures drawn from tables
+        "seeds": item.seeds,
+        "report": project.config["report"],
+        "demo": is_demo(project),
+        "learning_bar": bool(project.config.get("evidence")),     # table captions name the exempt methods
+    }
+
+
+def scorecard_definition(project: Project, paper: str) -> dict:
+    """A scorecard: the tables it reads (under every protocol), the papers' titles, whether this is the demo."""
+    papers = list(project.papers) if paper == "all" else [paper]
+    return {
+        "paper": paper,
+        "titles": {p: project.papers[p]["title"] for p in papers},
+        "tables": [[protocol, p, table] for protocol, p, table in project.tables() if p in papers],
+        "demo": is_demo(project),
+    }
+
+
+def evidence_definition(project: Project) -> dict:
+    """The evidence page: the learning bar, the runs it scores and how it names them."""
+    runs: dict[str, dict] = {}
+    for key in project.runs():
+        paper = runs.setdefault(key.paper, {"title": project.papers[key.paper]["title"], "methods": set(), "settings": set()})
+        paper["methods"].add(key.method)
+        paper["settings"].add(key.setting)
+    return {
+        "evidence": project.config.get("evidence"),
+        "seeds": project.seeds,
+        "protocols": project.protocols,
+        "papers": {p: {"title": entry["title"], "methods": method_entries(project, p, sorted(entry["methods"])),
+                       "settings": setting_entries(project, p, sorted(entry["settings"]))}
+                   for p, entry in sorted(runs.items())},
+    }
+
+
+def definition_hash(definition: dict) -> str:
+    return hash_obj(definition)

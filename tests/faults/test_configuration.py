@@ -1,0 +1,109 @@
+"""Issue 25, case 4: configuration that the schema let through but that is wrong is refused before any job, with
+the key, the allowed values and a suggestion. Each test edits the demo FACMIC twin (config/demo/facmic.yaml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedrepro.config import ConfigError, Project, deep_merge, load_yaml
+
+DEMO = ["config/config.yaml", "config/demo.yaml"]
+
+
+def facmic(tmp_path: Path, edit=None, text: str | None = None) -> Project:
+    """The demo configuration with only the FACMIC twin, its paper file edited (a dict) or replaced (text)."""
+    paper = yaml.safe_load(Path("config/demo/facmic.yaml").read_text())
+    if edit:
+        edit(paper)
+    (tmp_path / "facmic.yaml").write_text(text if text is not None else yaml.safe_dump(paper, sort_keys=False))
+    config = {}
+    for path in DEMO:
+        config = deep_merge(config, load_yaml(path))
+    return Project({**config, "paper_dir": str(tmp_path), "papers": ["facmic"]}, root=".")
+
+
+def first_setting(paper: dict) -> dict:
+    return next(iter(paper["settings"].values()))
+
+
+def test_a_class_name_typo_in_a_subset_is_refused(tmp_path):
+    def typo(paper):
+        first_setting(paper)["split"]["subset"] = {"classes": ["t-shirt", "trousers"]}
+
+    with pytest.raises(ConfigError, match=r"split/subset/classes.*'trousers' is not allowed \(did you mean 'trouser'\?\)"
+                                          r"; allowed values: \[.*'t-shirt'"):
+        facmic(tmp_path, typo)
+
+
+def test_ratios_that_do_not_sum_to_one_are_refused(tmp_path):
+    def wrong(paper):
+        first_setting(paper)["split"]["ratios"] = {"train": 0.7, "val": 0.2, "test": 0.2}
+
+    with pytest.raises(ConfigError, match=r"split/ratios: .* add up to 1.1, not 1; allowed: train \+ val \+ test = 1 "
+                                          r"\(e.g. train: 0.6"):
+        facmic(tmp_path, wrong)
+
+
+def test_a_duplicate_yaml_key_is_refused_with_both_lines(tmp_path):
+    text = Path("config/demo/facmic.yaml").read_text().replace("\ntables:\n", "\ntables: {}\ntables:\n", 1)
+    with pytest.raises(ConfigError, match=r"facmic.yaml is not valid YAML: duplicate key 'tables' at line (\d+) "
+                                          r"\(first at line \d+\)"):
+        facmic(tmp_path, text=text)
+    merged = "a: &base {x: 1, y: 2}\nb:\n  <<: *base\n  y: 3\n"        # overriding merged keys stays allowed
+    (tmp_path / "merge.yaml").write_text(merged)
+    assert load_yaml(tmp_path / "merge.yaml")["b"] == {"x": 1, "y": 3}
+
+
+def test_an_unknown_split_kind_is_refused_before_any_job(tmp_path):
+    def typo(paper):
+        first_setting(paper)["split"]["kind"] = "dirichlett"
+
+    with pytest.raises(ConfigError, match=r"split/kind: 'dirichlett' is not allowed \(did you mean 'dirichlet'\?\); "
+                                          r"allowed values: \[.*'by_source'"):
+        facmic(tmp_path, typo)
+
+
+def test_an_unknown_table_metric_or_eval_is_refused_with_what_exists(tmp_path):
+    table = "table2"
+
+    def metric(paper):
+        paper["tables"][table]["metric"] = "bac"
+
+    with pytest.raises(ConfigError, match=rf"tables/{table}/rows/.* x columns/.*/metric.*'bac' is not allowed \(did "
+                                          rf"you mean 'bacc'\?\); allowed values: \[.*'acc', 'auc', 'bacc'"):
+        facmic(tmp_path, metric)
+
+    def eval_set(paper):
+        paper["tables"][table]["eval"] = "globl"
+        for column in paper["tables"][table]["columns"]:
+            column.pop("eval", None)
+
+    with pytest.raises(ConfigError, match=r"/eval: 'globl' is not an eval set of setting .* \(3 clients\) \(did you mean "
+                                          r"'global'\?\); allowed values: \[.*'client2@external'"):
+        facmic(tmp_path, eval_set)
+
+    def selection(paper):                   # the round a one_round table reads is chosen on an eval set too
+        paper["tables"]["table5"]["selection"]["eval"] = "client3"
+
+    with pytest.raises(ConfigError, match=r"tables/table5/selection/eval: 'client3' is not an eval set .* \(3 clients\)"):
+        facmic(tmp_path, selection)
+
+
+def test_a_column_naming_an_unknown_setting_is_refused_by_name(tmp_path):
+    def typo(paper):
+        paper["tables"]["table2"]["columns"][0]["setting"] += "x"
+
+    with pytest.raises(ConfigError, match=r"tables/table2/columns/.*/setting: '.*x' is not allowed \(did you mean"):
+        facmic(tmp_path, typo)
+
+
+def test_a_global_test_fraction_out_of_range_says_the_range(tmp_path):
+    def wrong(paper):
+        first_setting(paper)["split"]["global_test"] = {"fraction": 1.5}
+
+    with pytest.raises(ConfigError, match=r"'settings/bt_iid/split/global_test/fraction' = 1.5 is out of range; allowed: 0 < value < 1"):
+        facmic(tmp_path, wrong)
+

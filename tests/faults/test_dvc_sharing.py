@@ -1,0 +1,84 @@
+"""Issue 25, cases 2 and 7: `scripts/dvc-results.py pull` checks every downloaded file against its MD5 in dvc.lock
+before it touches the workspace, and refuses a corrupt copy on the remote naming the file and the remote; a
+missing remote is named with its path. `push` never uploads raw data unless --stages names it."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+from infra_support import REPO, copy_repo, run, tool_env
+
+METRICS = "results/runs/clean/foundation/bt_iid/fedclip/seed0/metrics.json"
+TABLE = "results/tables/clean/foundation/accuracy.md"
+
+
+def dvc_results():
+    spec = importlib.util.spec_from_file_location("dvc_results", REPO / "scripts/dvc-results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pushed_clone(tmp_path: Path) -> tuple[Path, dict, Path]:
+    """A repository whose runs and tables were pushed to its default remote, and a fresh clone of it."""
+    origin = copy_repo(tmp_path / "origin")
+    env = tool_env(origin, tmp_path / "home")
+    for path, text in ((METRICS, json.dumps({"eval": {"global": {"acc": 0.5542}}})), (TABLE, "| FedCLIP | 55.42 |\n")):
+        (origin / path).parent.mkdir(parents=True, exist_ok=True)
+        (origin / path).write_text(text)
+    run(["git", "init", "-q", "-b", "main"], origin, env)
+    run(["dvc", "commit", "--force", "--quiet", "runs", "tables"], origin, env)
+    run(["dvc", "push", "--quiet", "runs", "tables"], origin, env)
+    run(["git", "add", "-A"], origin, env)
+    run(["git", "commit", "-q", "-m", "results"], origin, env)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(origin), str(clone)], tmp_path, env)
+    return clone, tool_env(clone, tmp_path / "home"), tmp_path / "home/.cache/fedrepro/dvc-store"
+
+
+def pull(clone: Path, env: dict) -> subprocess.CompletedProcess:
+    return run(["python", "scripts/dvc-results.py", "pull", "--stages", "runs", "tables", "--", "--configfile",
+                "tests/data/infra/config.yaml"], clone, env, check=False)
+
+
+def test_pull_refuses_a_corrupt_remote_copy_by_name_and_a_missing_remote_by_path(tmp_path):
+    clone, env, remote = pushed_clone(tmp_path)
+    md5 = hashlib.md5((tmp_path / "origin" / METRICS).read_bytes()).hexdigest()
+    stored = remote / "files/md5" / md5[:2] / md5[2:]
+    stored.chmod(0o644)
+    stored.write_text(json.dumps({"eval": {"global": {"acc": 0.6694}}}))      # edited on the remote
+
+    refused = pull(clone, env)
+    assert refused.returncode == 1
+    assert f"{METRICS}: MD5 " in refused.stderr and f"dvc.lock records {md5}" in refused.stderr, refused.stderr[-3000:]
+    assert f"the DVC remote 'store' ({remote})" in refused.stderr
+    assert not (clone / "results").exists()                                   # nothing in the workspace changed
+
+    run(["dvc", "remote", "modify", "--local", "store", "url", str(tmp_path / "gone")], clone, env)
+    missing = pull(clone, env)
+    assert missing.returncode == 1 and f"{tmp_path / 'gone'} does not exist or is not readable" in missing.stderr
+
+
+def test_push_leaves_raw_data_out_unless_named(tmp_path, monkeypatch):
+    module = dvc_results()
+    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
+    for out in ("resources/raw/mimic_cxr", "resources/manifests", "results/runs"):
+        (tmp_path / out).mkdir(parents=True)
+    commands = []
+
+    def record(cmd, capture=False, check=True):
+        commands.append(cmd)
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(module, "run", record)
+    monkeypatch.setattr(module, "pending_jobs", lambda args: 0)
+    module.push(SimpleNamespace(stages=None, snakemake=[], force=False), tmp_path)
+    assert ["dvc", "push", "manifests", "runs"] in commands
+    commands.clear()
+    module.push(SimpleNamespace(stages=["raw", "runs"], snakemake=[], force=False), tmp_path)
+    assert ["dvc", "push", "raw", "runs"] in commands
