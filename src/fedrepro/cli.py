@@ -56,17 +56,19 @@ def cmd_prepare(args) -> None:
 
 def cmd_split(args) -> None:
     from .data.manifest import read_manifest
-    from .data.partition import count_table, make_split
+    from .data.partition import count_table, make_split, task_classes
     from .io import sha256_file, write_csv, write_json
     from .registry import dataset
     from .report.splits import split_heatmap
 
     spec = json.loads(args.spec)
-    classes = list(dataset(args.dataset).classes)
+    everything = list(dataset(args.dataset).classes)
+    kept = task_classes(everything, spec)
+    classes = [everything[c] for c in kept]
     manifest = read_manifest(args.manifest)
     split = make_split(manifest, spec, args.seed)
     out = Path(args.out)
-    counts = count_table(split, manifest, classes)
+    counts = count_table(split, manifest, classes, kept)
     write_csv(out.with_suffix(".counts.csv"), counts)
     split_heatmap(counts, classes, f"{out.stem}", out.with_suffix(".png"))
     write_json(out, {"dataset": args.dataset, "spec": spec, "seed": args.seed,

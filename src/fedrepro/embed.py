@@ -18,7 +18,7 @@ import torch
 
 from .config import ConfigError, check_choice
 from .data.manifest import read_manifest
-from .data.partition import Split, read_split_file
+from .data.partition import Split, read_split_file, task_classes
 from .io import atomic_path
 from .registry import EXTRACTORS, register_extractor
 from .seeding import numpy_rng
@@ -127,10 +127,10 @@ def upsampled(activation: torch.Tensor, size: int) -> np.ndarray:
     return F.interpolate(activation[None, None].float(), size=(size, size), mode="bicubic", align_corners=False)[0, 0].numpy()
 
 
-def _pick_rows(split: Split, manifest, opts: dict, classes: list[str], name: str) -> list[int]:
+def _pick_rows(split: Split, labels: np.ndarray, opts: dict, classes: list[str], name: str) -> list[int]:
     rows = split.global_test if opts["images_from"] == "global_test" else split.external
     if opts["class"] is not None:
-        rows = rows[manifest["label"].to_numpy()[rows] == classes.index(opts["class"])]
+        rows = rows[labels[rows] == classes.index(opts["class"])]
     if len(rows) < opts["count"]:
         raise ValueError(f"figures/{name}: {opts['images_from']} has {len(rows)} image(s) of class {opts['class']}, "
                          f"{opts['count']} requested")
@@ -178,6 +178,7 @@ def prototype_activations(job: dict) -> dict:
     """For each chosen image and client: the image, the most activated prototype's upsampled activation
     and high-activation box, and the training image the prototype was pushed onto with its box."""
     from .data.images import load_rgb
+    from .fl.federation import task_labels
 
     run, figure = job["run"], job["figure"]
     model_cfg = run["train"]["model"]
@@ -186,19 +187,23 @@ def prototype_activations(job: dict) -> dict:
                           f"{model_cfg['family']!r}, head {model_cfg.get('head')!r})")
     from .registry import DATASETS
 
-    classes = list(DATASETS.get(run["dataset"]).obj.classes)
+    split_file = read_split_file(run["paths"]["split"])
+    everything = list(DATASETS.get(run["dataset"]).obj.classes)
+    kept = task_classes(everything, split_file.get("spec") or {})     # the classes the model was trained on
+    classes = [everything[c] for c in kept]
     opts = prototype_options(figure, figure["name"], [run["seed"]], classes)
     nets = ClientNets(_family(run, classes), _checkpoint(job), model_cfg["prototype_activation"])
     manifest = read_manifest(run["paths"]["manifest"])
-    split = Split.from_json(read_split_file(run["paths"]["split"]))
+    labels = task_labels(manifest["label"].to_numpy(), kept)
+    split = Split.from_json(split_file)
     raw = Path(run["paths"]["raw_dir"])
     size = model_cfg["image_size"]
-    picked = _pick_rows(split, manifest, opts, classes, figure["name"])
+    picked = _pick_rows(split, labels, opts, classes, figure["name"])
     clients = list(nets.nets)
     shape = (len(picked), len(clients))
     out = {"clients": np.array(clients), "classes": np.array(classes), "rows": np.array(picked),
            "paths": np.array([Path(manifest["path"][r]).name for r in picked]),
-           "labels": np.array([int(manifest["label"][r]) for r in picked]),
+           "labels": np.array([int(labels[r]) for r in picked]),
            "images": np.zeros((len(picked), size, size, 3), np.uint8),
            "heat": np.zeros((*shape, size, size), np.float32), "box": np.zeros((*shape, 4), np.int32),
            "prototype": np.zeros(shape, np.int32), "prototype_class": np.zeros(shape, np.int32),
@@ -208,7 +213,7 @@ def prototype_activations(job: dict) -> dict:
     for i, row in enumerate(picked):
         image = load_rgb(raw / manifest["path"][row])
         out["images"][i] = np.asarray(image.resize((size, size)))
-        label = int(manifest["label"][row])
+        label = int(labels[row])
         for c, client in enumerate(clients):
             j, act, sim, pred = nets.activation_of(client, image, None, label if opts["prototype"] == "label" else None)
             heat = upsampled(act, size)

@@ -31,7 +31,7 @@ from .data.decode import spec_of
 from .data.image_cache import ImageCache
 from .data.loader import loader_pool, resolve_workers
 from .data.manifest import read_manifest
-from .data.partition import Split, read_split_file
+from .data.partition import Split, read_split_file, task_classes
 from .device import Compute, resolve_device
 from .features import load_feature_cache
 from .fl.comm import CommLedger
@@ -86,6 +86,8 @@ def load_federation(run: dict, split_file: dict | None = None):
     check_disjoint(split, run["protocol"], allow_test, where=paths["split"])
     hashes = {"manifest_sha256": manifest_sha, "split_sha256": sha256_file(paths["split"]), "split_seed": split_file["seed"]}
     class_names = list(spec.class_texts)     # what CLIP prompts say (the authors' class folder names)
+    kept = task_classes(spec.classes, split_file.get("spec") or {})
+    classes = None if len(kept) == len(spec.classes) else kept     # a subset of classes is the task's class set
     if run["input"] == "features":
         cache = load_feature_cache(paths["features"])
         if cache["manifest_sha256"] != manifest_sha:
@@ -97,8 +99,8 @@ def load_federation(run: dict, split_file: dict | None = None):
                                 f"--cores all --force {paths['features']}")
         hashes["features_sha256"] = sha256_file(paths["features"])
         hashes["encoder_weights"] = cache.get("weights")
-        return build_feature_federation(split, run["protocol"], cache, class_names, allow_test), hashes
-    family = build_family(run["train"]["model"], class_names, {})
+        return build_feature_federation(split, run["protocol"], cache, class_names, allow_test, classes), hashes
+    family = build_family(run["train"]["model"], class_names if classes is None else [class_names[c] for c in classes], {})
     missing = [c for c in family.extra_columns if c not in manifest.columns]
     if missing:
         raise InputMismatch(f"{paths['manifest']} has no column(s) {missing}, which model family "
@@ -112,7 +114,7 @@ def load_federation(run: dict, split_file: dict | None = None):
             hashes[f"images_{part}"] = {"file": paths["images"][part], "spec": needed.key}
     fed = build_image_federation(split, run["protocol"], manifest, paths["raw_dir"], class_names,
                                  train_transform, eval_transform, family.extra_columns, caches, run["jpeg_draft"],
-                                 allow_test)
+                                 allow_test, classes)
     return fed, hashes
 
 

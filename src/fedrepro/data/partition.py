@@ -273,6 +273,25 @@ def _in_pool_order(manifest: pd.DataFrame, pool: np.ndarray, column: str | None)
     return pool[np.argsort(np.where(np.isnan(key), np.inf, key), kind="stable")]
 
 
+def task_classes(classes, spec: dict) -> list[int]:
+    """The dataset labels a split's task classifies, in label order: the classes its ``subset`` keeps, or every
+    class of the dataset. A model trained on the split scores exactly these (a 5-class subset is a 5-way task,
+    not a 10-way classifier with 5 classes never seen)."""
+    kept = (spec.get("subset") or {}).get("classes")
+    return [i for i, name in enumerate(classes) if kept is None or name in kept]
+
+
+def task_labels(labels: np.ndarray, classes: list[int] | None) -> np.ndarray:
+    """Dataset labels as the task's labels: the position of each in ``classes`` (the dataset labels the task
+    keeps, :func:`task_classes`); None = every class, labels unchanged."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if classes is None:
+        return labels
+    lookup = np.full(int(max(labels.max(initial=0), max(classes)) + 1), -1, dtype=np.int64)
+    lookup[list(classes)] = np.arange(len(classes))
+    return lookup[labels]        # -1 for a class the task does not keep: such rows are in no part of the split
+
+
 def _subset_rows(manifest: pd.DataFrame, subset: dict | None) -> np.ndarray:
     mask = np.ones(len(manifest), dtype=bool)
     if subset:
@@ -376,9 +395,10 @@ def _official_parts(rows: np.ndarray, official: np.ndarray) -> dict[str, np.ndar
     }
 
 
-def count_table(split: Split, manifest: pd.DataFrame, class_names: list[str]) -> pd.DataFrame:
-    """Client x class counts (training parts), plus val/test/total columns and a global row."""
-    labels = manifest["label"].to_numpy()
+def count_table(split: Split, manifest: pd.DataFrame, class_names: list[str], classes: list[int] | None = None) -> pd.DataFrame:
+    """Client x class counts (training parts), plus val/test/total columns and a global row. ``class_names``: the
+    task's classes, which are the dataset labels ``classes`` (None: every class of the dataset)."""
+    labels = task_labels(manifest["label"].to_numpy(), classes)
     records = []
     for name, parts in split.clients.items():
         counts = np.bincount(labels[parts["train"]], minlength=len(class_names))

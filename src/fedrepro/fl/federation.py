@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..data.loader import FeatureSet
-from ..data.partition import Split, SplitError
+from ..data.partition import Split, SplitError, task_labels
 
 UNLABELED = -1
 
@@ -130,9 +130,13 @@ def check_disjoint(split: Split, protocol: str, allow_test: bool = False, where:
 
 
 def build_feature_federation(split: Split, protocol: str, cache: dict, class_names: list[str],
-                             allow_test: bool = False) -> Federation:
+                             allow_test: bool = False, classes: list[int] | None = None) -> Federation:
+    """``class_names``: the dataset's prompts; ``classes``: the dataset labels the task keeps (None: all)."""
     features = cache["image"].float()
-    labels = torch.as_tensor(cache["labels"], dtype=torch.long)
+    labels = torch.as_tensor(task_labels(cache["labels"], classes), dtype=torch.long)
+    text = cache["text"].float()
+    if classes is not None:
+        text, class_names = text[list(classes)], [class_names[c] for c in classes]
 
     def subset(rows: np.ndarray, labelled: bool = True) -> FeatureSet:
         rows = np.asarray(rows, dtype=np.int64)
@@ -147,15 +151,17 @@ def build_feature_federation(split: Split, protocol: str, cache: dict, class_nam
         global_test=subset(test_rows) if len(test_rows) else None,
         reference=subset(ref_rows, labelled=False) if len(ref_rows) else None,
         class_names=class_names,
-        extras={"text_features": cache["text"].float()},
+        extras={"text_features": text},
         external=subset(split.external) if len(split.external) else None,
     )
 
 
 def build_image_federation(split: Split, protocol: str, manifest, raw_root: str | Path, class_names: list[str],
                            train_transform: Callable, eval_transform: Callable, extra_columns=(),
-                           caches: dict | None = None, draft: bool = True, allow_test: bool = False) -> Federation:
-    """Image datasets for every part of the split. Training (and unlabeled reference) rows go through
+                           caches: dict | None = None, draft: bool = True, allow_test: bool = False,
+                           classes: list[int] | None = None) -> Federation:
+    """Image datasets for every part of the split (labels and ``class_names`` of the task's ``classes``, the
+    dataset labels it keeps; None: all). Training (and unlabeled reference) rows go through
     ``train_transform``, the rest through ``eval_transform``; each pipeline's images are decoded at
     its first resize (:func:`fedrepro.data.decode.spec_of`, JPEG DCT scaling if ``draft``), read
     from ``caches[part]`` (decode-once caches, part = "train" / "eval") when given, else from the
@@ -164,7 +170,9 @@ def build_image_federation(split: Split, protocol: str, manifest, raw_root: str 
     from ..data.images import ManifestImages
 
     paths = manifest["path"].tolist()
-    labels = manifest["label"].to_numpy()
+    labels = task_labels(manifest["label"].to_numpy(), classes)
+    if classes is not None:
+        class_names = [class_names[c] for c in classes]
     columns = {c: manifest[c].tolist() for c in extra_columns}
     caches = caches or {}
     pipelines = {part: (t, replace(spec_of(t), draft=draft)) for part, t in (("train", train_transform), ("eval", eval_transform))}

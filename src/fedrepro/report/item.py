@@ -46,9 +46,13 @@ class ReportItem:
         return self.project.papers[self.paper]["settings"][setting].get("label", setting)
 
     def classes(self, setting: str) -> list[str]:
+        """The classes of the setting's task (a split's subset of classes, or every class of its dataset)."""
+        from ..data.partition import task_classes
         from ..registry import DATASETS
 
-        return list(DATASETS.get(self.project.setting(self.paper, setting, self.protocol)["dataset"]).obj.classes)
+        spec = self.project.setting(self.paper, setting, self.protocol)
+        everything = list(DATASETS.get(spec["dataset"]).obj.classes)
+        return [everything[c] for c in task_classes(everything, spec["split"])]
 
     # ---- runs ----------------------------------------------------------------------------------
     def key(self, setting: str, method: str, seed: int) -> RunKey:
