@@ -46,9 +46,10 @@ def test_scorecard_cells_summary_and_rendering(tmp_path):
     line = scorecard.summary_line(card)
     assert "facmic (clean): 1 of 3 cells within the 95% interval (1 below, 1 not run)" in line
     files = scorecard.ScorecardFiles.at(tmp_path / "out" / "facmic")
-    scorecard.write(card, "FACMIC scorecard", files, demo=True)
+    scorecard.write(card, "FACMIC scorecard", files, ["FACMIC: Fashion-MNIST domains for BT."])
     page = files.html.read_text()
-    assert "<table id='scorecard'>" in page and "src='data:image/png;base64," in page and "Demo data" in page
+    assert "<table id='scorecard'>" in page and "src='data:image/png;base64," in page
+    assert "Stand-in data and models" in page and "Fashion-MNIST domains for BT." in page
     assert files.png.stat().st_size > 5000
     assert pd.read_csv(files.csv)["verdict"].tolist() == card["verdict"].tolist()
     assert "| table2 | clean | FedAvg | SC | 40.00 | [37.52, 42.48] | 3 | 48.30 | -8.30 | below |" in files.md.read_text()

@@ -84,13 +84,13 @@ PAPER = {
 }
 
 
-def _mini_project(root: Path, paper_dir: str, published: str = PUBLISHED_CSV):
+def _mini_project(root: Path, paper_dir: str, published: str = PUBLISHED_CSV, stand_in: str | None = None):
     from fedrepro.config import Project
 
     if not (root / "workflow").exists():
         (root / "workflow").symlink_to(REPO / "workflow")
     (root / paper_dir).mkdir(parents=True, exist_ok=True)
-    (root / paper_dir / f"{P}.yaml").write_text(yaml.safe_dump(PAPER))
+    (root / paper_dir / f"{P}.yaml").write_text(yaml.safe_dump({**PAPER, **({"stand_in": stand_in} if stand_in else {})}))
     (root / "config/published" / P).mkdir(parents=True, exist_ok=True)
     (root / "config/published" / P / "acc.csv").write_text(published)
     (root / "config/published" / P / "counts.csv").write_text("row,IID\nclient0,10\nclient1,9*\n# * assembled.\n")
@@ -180,22 +180,24 @@ def test_a_mark_without_footnote_and_a_non_number_are_errors_naming_the_cell(tmp
     assert parsed.values == {("FedAvg", "A"): 1.5, ("FedAvg", "B"): -0.2} and parsed.mark(("FedAvg", "A")) == "†"
 
 
-def test_every_table_kind_renders_its_note_and_the_demo_warning(tmp_path, monkeypatch):
+def test_every_table_kind_renders_its_note_and_what_stands_in(tmp_path, monkeypatch):
+    """A paper file on stand-in data and models (``stand_in``: the demo twins, the evidence overlays) says what they
+    are in every table's caption; the real grid's do not."""
     from fedrepro.registry import TABLE_KINDS
-    from fedrepro.report.tables import DEMO_WARNING
 
     monkeypatch.chdir(tmp_path)
-    demo = _mini_project(tmp_path, "config/demo")
+    described = "Fashion-MNIST domains for BT and a composite CLIP for ViT-B/16"
+    demo = _mini_project(tmp_path, "config/demo", stand_in=described)
     full = _mini_project(tmp_path, "papers")
     kinds = {spec.get("kind", "runs"): name for name, spec in PAPER["tables"].items()}
     assert set(kinds) == set(TABLE_KINDS.names()), "add a table of the new kind to PAPER"
     for kind, table in kinds.items():
         note = PAPER["tables"][table]["note"]
         result, md, tex = _render(demo, table)
-        assert note in md and DEMO_WARNING in md, kind
-        assert note in tex and "DEMO DATA AND TINY MODELS" in tex, kind
+        assert note in md and f"STAND-IN DATA AND MODELS: {described}. These numbers show" in md, kind
+        assert note in tex and "STAND-IN DATA AND MODELS" in tex, kind
         _, md, _ = _render(full, table)
-        assert note in md and DEMO_WARNING not in md, kind
+        assert note in md and "STAND-IN" not in md, kind
     # the count table's published counts and their mark
     result, md, _ = _render(full, "counts")
     assert "| client1 | 7 (9*)<br>Δ −2 |" in md and "* assembled." in result.caption

@@ -1,7 +1,7 @@
 """What each derived output is made from besides its input files: the part of the configuration that defines it.
 
 A table is made from its runs' files (the rule's inputs) and from its definition: its spec in the paper file, the
-labels of the methods and settings it names, the seeds, how error bars are printed, whether this is the demo. The
+labels of the methods and settings it names, the seeds, how error bars are printed, what stand-in data and models it has. The
 ``table``, ``figure``, ``scorecard`` and ``evidence`` rules take the hash of exactly that definition as a param, so
 editing a table's ``metric``, or renaming a method it shows, rebuilds that table (and what is made from it) and
 nothing else; adding a paper or changing a training setting leaves the tables of other papers alone.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..config import Project
 from ..io import hash_obj
-from .item import ReportItem, is_demo
+from .item import ReportItem, stand_in
 
 
 def named(item: ReportItem, what: str) -> list[str]:
@@ -50,19 +50,19 @@ def item_definition(item: ReportItem) -> dict:
         "tables": {t: tables[t].get("title", t) for t in item.spec.get("tables", [])},   # figures drawn from tables
         "seeds": item.seeds,
         "report": project.config["report"],
-        "demo": is_demo(project),
+        "stand_in": stand_in(project, item.paper),
         "learning_bar": bool(project.config.get("evidence")),     # table captions name the exempt methods
     }
 
 
 def scorecard_definition(project: Project, paper: str) -> dict:
-    """A scorecard: the tables it reads (under every protocol), the papers' titles, whether this is the demo."""
+    """A scorecard: the tables it reads (under every protocol), the papers' titles, their stand-in data and models."""
     papers = list(project.papers) if paper == "all" else [paper]
     return {
         "paper": paper,
         "titles": {p: project.papers[p]["title"] for p in papers},
         "tables": [[protocol, p, table] for protocol, p, table in project.tables() if p in papers],
-        "demo": is_demo(project),
+        "stand_in": {p: stand_in(project, p) for p in papers},
     }
 
 

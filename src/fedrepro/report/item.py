@@ -95,10 +95,15 @@ class ReportItem:
         return (defaults or {}) | given
 
 
-def is_demo(project: Project) -> bool:
-    """Whether ``project`` is the demo configuration (its paper files in config/demo): its tables and
-    scorecards say that their numbers are not comparable to the papers'."""
-    return Path(project.config["paper_dir"]).name == "demo"
+def stand_in(project: Project, paper: str) -> str | None:
+    """What a paper file's stand-in data and models are (``stand_in``: the demo twins, the evidence overlays), or
+    None for the real grid: its tables and scorecards say that their numbers are not comparable to the paper's."""
+    return project.papers[paper].get("stand_in")
+
+
+def stand_in_warning(description: str) -> str:
+    return (f"STAND-IN DATA AND MODELS: {description.rstrip('.')}. These numbers show whether the methods learn; "
+            f"they are not comparable to the paper's.")
 
 
 def require(path: str | Path) -> Path:

@@ -112,16 +112,20 @@ def footnotes(card: pd.DataFrame) -> list[str]:
             for paper, table, mark, note in seen]
 
 
-def render_markdown(card: pd.DataFrame, title: str, demo: bool = False) -> str:
+STAND_IN_NOTE = "Stand-in data and models: a verdict here says nothing about the paper."
+
+
+def render_markdown(card: pd.DataFrame, title: str, stand_ins: list[str] | None = None) -> str:
+    """``stand_ins``: what the papers' stand-in data and models are (the demo), each said above the table."""
     lines = [f"# {title}", "", summary_line(card).replace("\n", "  \n"), ""]
-    if demo:
-        lines += ["**Demo data and small models: a verdict here says nothing about the papers.**", ""]
+    if stand_ins:
+        lines += [f"**{STAND_IN_NOTE}** " + " ".join(stand_ins), ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(card)]
     return "\n".join(lines + [""] + [f"{line}  " for line in footnotes(card)] + [FOOTNOTE, ""])
 
 
-def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, demo: bool = False) -> str:
+def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand_ins: list[str] | None = None) -> str:
     """The scorecard page; ``figure``: a PNG file, embedded as a data URI."""
     colour = {"reproduced": "#d9f2d9", "above": "#fff2cc", "below": "#f8d7da", "not run": "#eeeeee", "no interval": "#eeeeee"}
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
@@ -132,8 +136,8 @@ def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, demo:
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>", f"<p id='summary'>{summary}</p>"]
-    if demo:
-        parts.append("<p><b>Demo data and small models: a verdict here says nothing about the papers.</b></p>")
+    if stand_ins:
+        parts.append(f"<p><b>{html.escape(STAND_IN_NOTE)}</b> {html.escape(' '.join(stand_ins))}</p>")
     if figure:
         data = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
         parts.append(f"<img id='scorecard-figure' src='data:image/png;base64,{data}' alt='published vs ours' "
@@ -185,8 +189,8 @@ class ScorecardFiles:
         return cls(stem.with_suffix(".md"), stem.with_suffix(".html"), stem.with_suffix(".csv"), stem.with_suffix(".png"))
 
 
-def write(card: pd.DataFrame, title: str, files: ScorecardFiles, demo: bool = False) -> None:
+def write(card: pd.DataFrame, title: str, files: ScorecardFiles, stand_ins: list[str] | None = None) -> None:
     write_csv(files.csv, card)
     plot(card, title, files.png)
-    write_text(files.md, render_markdown(card, title, demo))
-    write_text(files.html, render_html(card, title, files.png, demo))
+    write_text(files.md, render_markdown(card, title, stand_ins))
+    write_text(files.html, render_html(card, title, files.png, stand_ins))

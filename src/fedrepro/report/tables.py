@@ -12,7 +12,7 @@ Outputs for ``results/tables/<protocol>/<paper>/<table>``:
     .md / .tex  the table as papers print it: "mean ± err (published)" and, on a second line, "Δ ours −
                 published"; "– (published)" where we have no value; a caption that says what ± is, how
                 many seeds, which protocol and which model-selection rule produced it, what the marks of
-                derived published values mean, the table's ``note`` and, for the demo, that its numbers
+                derived published values mean, the table's ``note`` and, for stand-in data and models, that its numbers
                 are not comparable (every table kind ends its caption with :func:`caption_notes`)
 """
 
@@ -29,7 +29,7 @@ from .. import paths
 from ..config import Project, column_eval, resolve_cell
 from ..io import read_json, write_csv, write_text
 from ..registry import TABLE_KINDS, method_class, register_table_kind
-from .item import ReportItem, is_demo, require, split_count_inputs
+from .item import ReportItem, require, split_count_inputs, stand_in, stand_in_warning
 from .published import Published, read_published
 from .stats import ERROR_BARS, summarise
 
@@ -219,13 +219,11 @@ def make_caption(spec: dict, table: str, project: Project, protocols: set, rules
     return " ".join(parts)
 
 
-DEMO_WARNING = "DEMO DATA AND TINY MODELS: these numbers exercise the pipeline and are not comparable to the paper."
-
-
 def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
     """What every table's caption ends with, whatever its kind: what Δ is, the footnotes of the
     derived published values it shows (from the published CSV), the table's ``note`` and, for the
-    demo configuration, that its numbers are not comparable to the paper."""
+    stand-in data and models of a demo twin or an evidence overlay (``stand_in``), what they are and that its
+    numbers are not comparable to the paper."""
     parts = []
     if summary["delta"].notna().any():
         parts.append("Δ = ours − published.")
@@ -236,8 +234,9 @@ def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
         parts.append(item.spec["note"])
     parts += method_notes(item)
     parts += bar_exemptions(item)
-    if is_demo(item.project):
-        parts.append(DEMO_WARNING)
+    description = stand_in(item.project, item.paper)
+    if description:
+        parts.append(stand_in_warning(description))
     return " ".join(parts)
 
 
