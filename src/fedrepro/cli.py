@@ -141,7 +141,7 @@ def cmd_scorecard(args) -> None:
     from . import paths
     from .report import scorecard
     from .report.consistency import check_runs, scorecard_runs
-    from .report.item import is_demo
+    from .report.item import stand_in
 
     project = _project(args)
     check_runs(project, scorecard_runs(project, args.paper), args.out)
@@ -150,25 +150,29 @@ def cmd_scorecard(args) -> None:
               for protocol, paper, table in project.tables() if paper in papers]
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
+    stand_ins = [f"{project.papers[p]['title']}: {stand_in(project, p).rstrip('.')}." for p in papers if stand_in(project, p)]
     scorecard.write(scorecard.build(tables), title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")),
-                    is_demo(project))
+                    stand_ins)
 
 
 def cmd_evidence(args) -> None:
+    from . import paths
+    from .config import load_project
     from .report import evidence
     from .report.consistency import check_runs
 
-    project = _project(args)
+    project = _project(args) if args.config_json else load_project(args.configfile or None)
     if not project.config.get("evidence"):
         raise SystemExit("this configuration sets no learning bar (config key `evidence`)")
-    check_runs(project, project.runs(), args.out)
-    scores = evidence.write_page(project, Path(args.out).parent)
+    out = args.out or paths.evidence()
+    check_runs(project, project.runs(), out)
+    scores = evidence.write_page(project, Path(out).parent)
     failed = evidence.failures(scores)
     logging.getLogger("fedrepro").info("evidence: %d of %d runs clear the bar (%d exempt)", int(scores["passed"].sum()), len(scores),
              int((scores["exempt"] != "").sum()))
     if args.check and len(failed):
         rows = failed[["paper", "protocol", "setting", "method", "seed", "value", "threshold"]].to_string(index=False)
-        raise SystemExit(f"{len(failed)} run(s) below the learning bar and not exempt (results/evidence/bar.csv):\n{rows}")
+        raise SystemExit(f"{len(failed)} run(s) below the learning bar and not exempt ({Path(out).parent / 'bar.csv'}):\n{rows}")
 
 
 def cmd_embed(args) -> None:
@@ -370,9 +374,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="results/scorecards/<paper>.html (the .md, .csv, .png beside it)")
     p.set_defaults(fn=cmd_scorecard)
 
-    p = sub.add_parser("evidence", help="did every run clear the learning bar? (results/evidence/)")
-    p.add_argument("--config-json", required=True)
-    p.add_argument("--out", default="results/evidence/index.html")
+    p = sub.add_parser("evidence", help="did every run clear the learning bar? (<results_dir>/evidence/)")
+    p.add_argument("--config-json", help="the resolved configuration as JSON (what the workflow passes)")
+    p.add_argument("--configfile", nargs="*", help="or config files, merged in order (e.g. config/demo.yaml)")
+    p.add_argument("--out", help="default: <results_dir>/evidence/index.html of the configuration")
     p.add_argument("--check", action="store_true", help="exit 1 if a run that is not exempt is below the bar")
     p.set_defaults(fn=cmd_evidence)
 
