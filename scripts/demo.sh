@@ -7,17 +7,8 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 
-# A warm fork-server makes each of the ~hundred short jobs start in well under a second instead of
-# ~7 s (see src/fedrepro/forkserver.py). Without it everything still works, only slower.
-mkdir -p .snakemake
-export FEDREPRO_FORKSERVER="$PWD/.snakemake/fedrepro-forkserver.sock"
-python -m fedrepro.forkserver serve "$FEDREPRO_FORKSERVER" 2> .snakemake/forkserver.log &
-SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null || true' EXIT
-if ! python -c "import sys; from fedrepro.forkclient import wait_ready; sys.exit(not wait_ready('$FEDREPRO_FORKSERVER', 180))"; then
-    echo "fork-server did not start (see .snakemake/forkserver.log); running jobs without it" >&2
-    unset FEDREPRO_FORKSERVER
-fi
+# shellcheck disable=SC1091
+. scripts/lib/forkserver.sh
 
 snakemake --cores "${CORES:-2}" --configfile=config/demo.yaml all "$@"
 snakemake --cores 1 --configfile=config/demo.yaml --report results/report.html

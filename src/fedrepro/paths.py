@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RAW_DIR = "resources/raw"
+# where a configuration's results go (``results_dir`` of the config; set by fedrepro.config.Project): the demo and
+# the full grid write to results/, the evidence run to results/evidence-run/, so neither overwrites the other
+_RESULTS = {"dir": "results"}
 WEIGHTS_DIR = "resources/weights"
 PUBLISHED_DIR = "config/published"
 RUN_FILES = ("metrics.json", "history.csv", "predictions.npz", "run_manifest.json")
@@ -114,8 +117,17 @@ def published(relative: str) -> str:
 
 # ---- runs --------------------------------------------------------------------------------------
 
+def use_results_dir(folder: str) -> None:
+    """Every result path below starts with ``folder`` (the configuration's ``results_dir``) from now on."""
+    _RESULTS["dir"] = str(folder).rstrip("/")
+
+
+def results_dir() -> str:
+    return _RESULTS["dir"]
+
+
 def run_dir(key: RunKey) -> str:
-    return f"results/runs/{key.path}"
+    return f"{results_dir()}/runs/{key.path}"
 
 
 def run_file(key: RunKey, name: str = "metrics.json") -> str:
@@ -123,7 +135,7 @@ def run_file(key: RunKey, name: str = "metrics.json") -> str:
 
 
 def checkpoint_dir(key: RunKey) -> str:
-    return f"results/checkpoints/{key.path}"
+    return f"{results_dir()}/checkpoints/{key.path}"
 
 
 def client_states(checkpoint_dir: str | Path) -> str:
@@ -137,21 +149,21 @@ def model_file(key: RunKey) -> str:
 
 
 def downstream(key: RunKey, task: str) -> str:
-    return f"results/downstream/{key.path}/{task}.json"
+    return f"{results_dir()}/downstream/{key.path}/{task}.json"
 
 
 def embedding(key: RunKey, figure: str) -> str:
     """What a figure needs from a trained model (features, prototype patches), extracted once."""
-    return f"results/embeddings/{key.path}/{figure}.npz"
+    return f"{results_dir()}/embeddings/{key.path}/{figure}.npz"
 
 
-_RUN_TREES = ("results/runs/", "results/checkpoints/", "results/downstream/", "results/embeddings/")
+_RUN_TREES = ("runs/", "checkpoints/", "downstream/", "embeddings/")
 
 
 def run_key_of(path: str) -> RunKey | None:
     """The run a file under one of the run trees belongs to (its metrics, checkpoint, downstream result or
     embedding), or None for any other file."""
-    for tree in _RUN_TREES:
+    for tree in (f"{results_dir()}/{t}" for t in _RUN_TREES):
         if path.startswith(tree):
             parts = path[len(tree):].split("/")
             if len(parts) >= 6 and parts[4].startswith("seed") and parts[4][4:].isdigit():
@@ -164,21 +176,21 @@ def run_key_of(path: str) -> RunKey | None:
 
 def table(protocol: str, paper: str, name: str, suffix: str = ".md") -> str:
     """``suffix``: ``.md``, ``.csv``, ``.tex`` or ``.seeds.csv``."""
-    return f"results/tables/{protocol}/{paper}/{name}{suffix}"
+    return f"{results_dir()}/tables/{protocol}/{paper}/{name}{suffix}"
 
 
 def figure(protocol: str, paper: str, name: str, suffix: str = ".png") -> str:
-    return f"results/figures/{protocol}/{paper}/{name}{suffix}"
+    return f"{results_dir()}/figures/{protocol}/{paper}/{name}{suffix}"
 
 
 def scorecard(paper: str, suffix: str = ".html") -> str:
     """``paper``: a paper, or ``all`` for every paper together."""
-    return f"results/scorecards/{paper}{suffix}"
+    return f"{results_dir()}/scorecards/{paper}{suffix}"
 
 
 def evidence(name: str = "index.html") -> str:
-    """The learning-bar evidence page and its files (results/evidence/)."""
-    return f"results/evidence/{name}"
+    """The learning-bar evidence page and its files (<results>/evidence/)."""
+    return f"{results_dir()}/evidence/{name}"
 
 
 def log(kind: str, name: str) -> str:

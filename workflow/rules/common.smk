@@ -64,11 +64,14 @@ def per_attempt(base: int):
 
 
 def all_outputs(wildcards=None) -> list[str]:
-    tables = [paths.table(protocol, paper, table) for protocol, paper, table in PROJECT.tables()]
-    figures = [paths.figure(protocol, paper, figure) for protocol, paper, figure in PROJECT.figures()]
-    scorecards = [paths.scorecard(paper) for paper in PROJECT.papers] + [paths.scorecard("all")]
-    evidence = [paths.evidence()] if PROJECT.config.get("evidence") else []
-    return tables + figures + scorecards + evidence
+    """What `all` builds: the kinds of output the configuration names (`outputs`)."""
+    kinds = {
+        "tables": lambda: [paths.table(protocol, paper, table) for protocol, paper, table in PROJECT.tables()],
+        "figures": lambda: [paths.figure(protocol, paper, figure) for protocol, paper, figure in PROJECT.figures()],
+        "scorecards": lambda: [paths.scorecard(paper) for paper in PROJECT.papers] + [paths.scorecard("all")],
+        "evidence": lambda: [paths.evidence()] if PROJECT.config.get("evidence") else [],
+    }
+    return [target for kind in PROJECT.config["outputs"] for target in kinds[kind]()]
 
 
 # ---- data --------------------------------------------------------------------------------------

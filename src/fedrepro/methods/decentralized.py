@@ -34,10 +34,12 @@ DECENTRALIZED_PARAMS = {
         "minimum": 0,
         "default": 0,
         "description": "rounds of FedAvg before local training (Fig. 3b)",
+        "x-counts": "rounds",
     },
     "shallow_rounds": {
         "description": "the last rounds re-train only the shallow layers of each client's model on all clients'"
                        " data (Fig. 3c; the paper does not say for how long: 1 round is a guess)",
+        "x-counts": "rounds",
         "type": "integer",
         "minimum": 0,
         "default": 0,

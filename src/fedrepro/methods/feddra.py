@@ -214,9 +214,11 @@ FEDDRA_PARAMS = {
         "minimum": 0,
         "default": 0,
         "description": "staged schedule: rounds of stage 1",
+        "x-counts": "rounds",
     },
     "stage1_steps": {
         "description": "Local steps of a stage-1 round (code max_steps=20); null = train.local.",
+        "x-counts": "steps",
         "oneOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
         "default": None,
     },
@@ -231,6 +233,7 @@ FEDDRA_PARAMS = {
     "stage2_steps": {
         "description": "Local steps of a stage-2 round (code max_steps=50, paper \"50 batches per turn\"); null ="
                        " train.local.",
+        "x-counts": "steps",
         "oneOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
         "default": None,
     },

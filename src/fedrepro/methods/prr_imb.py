@@ -229,6 +229,7 @@ PRR_IMB_PARAMS = {
         "minimum": 0,
         "default": 15,
         "description": "rounds of the plain CPA loss before the prototype factor (code init_iter)",
+        "x-counts": "rounds",
     },
     "tau": {
         "type": "number",
