@@ -50,3 +50,28 @@ def test_a_table_refuses_runs_made_from_another_manifest_and_says_how_to_rebuild
     shutil.copy2("manifest.orig", manifest)                              # put back: the runs match again
     build_table()
     assert Path(TABLE).exists()
+
+
+def test_a_table_refuses_runs_made_from_another_feature_cache(tiny, caplog):
+    """The run recorded the SHA-256 of the encoder features it trained on; a cache rebuilt since (here: other
+    feature values, as another encoder version gives) makes the run stale, though manifest and split are the same."""
+    import torch
+
+    from fedrepro.features import load_feature_cache
+    from fedrepro.io import torch_save
+    from fedrepro.train import train_run
+
+    key = tiny_project().runs()[0]
+    train_run(tiny, paths.run_dir(key), paths.checkpoint_dir(key))
+    features = tiny["paths"]["features"]
+    cache = load_feature_cache(features)
+    cache["image"] = cache["image"] + 1e-3 * torch.ones_like(cache["image"])
+    torch_save(features, cache)
+    caplog.set_level(logging.ERROR)
+    with pytest.raises(SystemExit):
+        build_table()
+    message = caplog.records[-1].getMessage()
+    assert f"{TABLE}: 1 run(s) were made from inputs that have changed since" in message
+    assert f"{key.path}: {features} (SHA-256" in message
+    assert f"--forcerun {paths.run_file(key)}" in message
+    assert not Path(TABLE).exists()

@@ -1,11 +1,12 @@
 """A report is built only from runs made from the inputs that are here now.
 
-Every run records in its ``run_manifest.json`` the SHA-256 of the manifest and the split it was trained on and of
-every pretrained-weights file it loaded. Before a table, figure, scorecard or the evidence page reads runs, its job
-compares those records with the files as they are now (those on this machine: a ``dvc pull`` brings manifests and
-splits, not always the weights). A run made from other inputs (a manifest edited or restored by hand, a split
-rebuilt, weights fetched again with other bytes) is refused by name, with the command that rebuilds it, so a table
-never mixes runs made from different data. The rules declare the run manifests as inputs (:func:`with_run_manifests`).
+Every run records in its ``run_manifest.json`` the SHA-256 of the manifest and the split it was trained on, of the
+feature cache it read (runs on cached encoder features) and of every pretrained-weights file it loaded. Before a
+table, figure, scorecard or the evidence page reads runs, its job compares those records with the files as they are
+now (those on this machine: a ``dvc pull`` brings manifests and splits, not always the weights). A run made from
+other inputs (a manifest edited or restored by hand, a split or feature cache rebuilt, weights fetched again with
+other bytes) is refused by name, with the command that rebuilds it, so a table never mixes runs made from different
+data. The rules declare the run manifests as inputs (:func:`with_run_manifests`).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def changed_inputs(project: Project, key: RunKey) -> tuple[list[str], list[str]]
     recorded = read_json(paths.run_file(key, "run_manifest.json")).get("inputs", {})
     now = project.run_config(key)["paths"]
     changes, rebuild = [], []
-    for name, path in (("manifest_sha256", now["manifest"]), ("split_sha256", now["split"])):
-        if recorded.get(name) and Path(path).is_file() and file_digest(path) != recorded[name]:
+    inputs = (("manifest_sha256", now["manifest"]), ("split_sha256", now["split"]),
+              ("features_sha256", now["features"]))     # features: runs on cached encoder features only
+    for name, path in inputs:
+        if recorded.get(name) and path and Path(path).is_file() and file_digest(path) != recorded[name]:
             changes.append(f"{path} (SHA-256 {recorded[name][:12]}… when the run was made, {file_digest(path)[:12]}… now)")
     split = now["split"]
     if Path(split).is_file() and Path(now["manifest"]).is_file():
