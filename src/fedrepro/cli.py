@@ -118,33 +118,33 @@ def _project(args):
 
 
 def cmd_table(args) -> None:
-    from .report.consistency import check_runs, runs_behind
+    from .report.consistency import check_inputs
     from .report.tables import make_table, table_inputs, table_item, write_table
 
     project = _project(args)
     item = table_item(project, args.protocol, args.paper, args.table)
-    check_runs(project, runs_behind(table_inputs(item)), args.out)
+    check_inputs(project, table_inputs(item), args.out)
     write_table(make_table(item), args.out, project.config["report"]["error_bars"])
 
 
 def cmd_figure(args) -> None:
-    from .report.consistency import check_runs, runs_behind
+    from .report.consistency import check_inputs
     from .report.figures import figure_inputs, figure_item, make_figure
 
     project = _project(args)
     item = figure_item(project, args.protocol, args.paper, args.figure)
-    check_runs(project, runs_behind(figure_inputs(item)), args.out)
+    check_inputs(project, figure_inputs(item), args.out)
     make_figure(item, args.out)
 
 
 def cmd_scorecard(args) -> None:
     from . import paths
     from .report import scorecard
-    from .report.consistency import check_runs, scorecard_runs
+    from .report.consistency import check_inputs, scorecard_inputs
     from .report.item import is_demo
 
     project = _project(args)
-    check_runs(project, scorecard_runs(project, args.paper), args.out)
+    check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
     tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"))
               for protocol, paper, table in project.tables() if paper in papers]

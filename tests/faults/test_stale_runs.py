@@ -75,3 +75,55 @@ def test_a_table_refuses_runs_made_from_another_feature_cache(tiny, caplog):
     assert f"{key.path}: {features} (SHA-256" in message
     assert f"--forcerun {paths.run_file(key)}" in message
     assert not Path(TABLE).exists()
+
+
+def add_probe_table() -> str:
+    """The tiny paper with a downstream task on its own dataset and a table of it (a cell with ``task:``);
+    -> that table's path."""
+    import yaml
+
+    paper_file = Path("tests/data/infra/foundation.yaml")
+    paper = yaml.safe_load(paper_file.read_text())
+    paper["downstream"] = {"probe": {"kind": "linear_probe", "dataset": "demo_bt"}}
+    paper["tables"]["probe"] = {"title": "Linear probe", "metric": "acc", "eval": "100%", "task": "probe",
+                                "rows": [{"method": "fedclip"}], "columns": [{"label": "BT", "setting": "bt_iid"}]}
+    paper_file.write_text(yaml.safe_dump(paper, sort_keys=False))
+    return paths.table("clean", "foundation", "probe")
+
+
+def test_a_table_refuses_a_downstream_result_made_from_another_manifest(tiny, caplog):
+    """A downstream result records the SHA-256 of its downstream dataset's manifest; one recorded from another
+    version of it is refused by name, with the command that rebuilds it, though the run it evaluates is current."""
+    from fedrepro.cli import main
+    from fedrepro.io import read_json, sha256_file, write_json
+    from fedrepro.train import train_run
+
+    table = add_probe_table()
+    key = tiny_project().runs()[0]
+    train_run(tiny, paths.run_dir(key), paths.checkpoint_dir(key))
+    result = paths.downstream(key, "probe")
+    metrics = read_json(paths.run_file(key))
+
+    def write_result(manifest_sha256: str) -> None:     # as the downstream job writes it (fields tables read)
+        write_json(result, {"run": metrics["run"], "task": "probe", "kind": "linear_probe", "dataset": "demo_bt",
+                            "selection": {"rule": "last", "pretraining": metrics["selection"]},
+                            "eval": {"100%": {"acc": 0.5}}, "inputs": {"manifest_sha256": manifest_sha256}})
+
+    def build() -> None:
+        main(["table", "--config-json", tiny_config_json(), "--protocol", "clean", "--paper", "foundation",
+              "--table", "probe", "--out", table])
+
+    write_result(sha256_file(tiny["paths"]["manifest"]))
+    build()
+    assert Path(table).exists()
+    Path(table).unlink()
+
+    write_result("0" * 64)                        # made from a manifest that has changed since
+    caplog.set_level(logging.ERROR)
+    with pytest.raises(SystemExit):
+        build()
+    message = caplog.records[-1].getMessage()
+    assert f"{table}: 1 downstream result(s) were made from inputs that have changed since" in message
+    assert f"{result}: {tiny['paths']['manifest']} (SHA-256 000000000000… when the result was made" in message
+    assert f"--forcerun {result}" in message
+    assert not Path(table).exists()
