@@ -114,7 +114,15 @@ def cmd_downstream(args) -> None:
 def _project(args):
     from .config import Project
 
-    return Project(json.loads(args.config_json), root=".")
+    return Project(json.loads(args.config_json), root=".", configfiles=args.configfiles)
+
+
+def _add_config_json(p) -> None:
+    """A report job's configuration: the merged config as JSON, and the files it came from (which a refusal's
+    rebuild command names; the rules pass the ones Snakemake was given)."""
+    p.add_argument("--config-json", required=True)
+    p.add_argument("--configfiles", nargs="*", metavar="FILE",
+                   help="the config files Snakemake was given (none: the default config/config.yaml); unset: unknown")
 
 
 def cmd_table(args) -> None:
@@ -357,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for name, fn, item in (("table", cmd_table, "table"), ("figure", cmd_figure, "figure")):
         p = sub.add_parser(name, help=f"build one paper {name} from run results")
-        p.add_argument("--config-json", required=True)
+        _add_config_json(p)
         p.add_argument("--protocol", required=True, choices=("clean", "paper"))
         p.add_argument("--paper", required=True)
         p.add_argument(f"--{item}", required=True)
@@ -365,13 +373,13 @@ def main(argv: list[str] | None = None) -> None:
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("scorecard", help="did each published number reproduce? (Markdown, HTML, CSV, figure)")
-    p.add_argument("--config-json", required=True)
+    _add_config_json(p)
     p.add_argument("--paper", required=True, help="a paper, or 'all'")
     p.add_argument("--out", required=True, help="results/scorecards/<paper>.html (the .md, .csv, .png beside it)")
     p.set_defaults(fn=cmd_scorecard)
 
     p = sub.add_parser("evidence", help="did every run clear the learning bar? (results/evidence/)")
-    p.add_argument("--config-json", required=True)
+    _add_config_json(p)
     p.add_argument("--out", default="results/evidence/index.html")
     p.add_argument("--check", action="store_true", help="exit 1 if a run that is not exempt is below the bar")
     p.set_defaults(fn=cmd_evidence)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+import shlex
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -217,8 +218,11 @@ PAPER_PRECISION = "fp32"
 class Project:
     """The validated configuration of every active paper, and everything derived from it."""
 
-    def __init__(self, config: dict, root: str | Path = "."):
+    def __init__(self, config: dict, root: str | Path = ".", configfiles: list[str] | None = None):
         self.root = Path(root)
+        # the files the configuration was read from (none: the default config/config.yaml; None: unknown), which
+        # a command a message suggests must name: `snakemake ... --configfile=...`
+        self.configfiles = None if configfiles is None else [str(f) for f in configfiles]
         if "protocol" in config:
             raise ConfigError(f"config: 'protocol: {config['protocol']}' is now a list, 'protocols: [{config['protocol']}]' "
                               f"(results of each protocol live in their own folder: results/runs/<protocol>/...)")
@@ -240,6 +244,15 @@ class Project:
             self.papers[name] = paper
             self._check_paper(paper, str(path))
         self._check_test_data_use()
+
+    def snakemake_config_args(self) -> str:
+        """What a suggested `snakemake` command needs to read this configuration: its files, in order (one with
+        ``=``, so that no target is read as a second file; several before another option ends the list)."""
+        if self.configfiles is None:
+            return "--configfile=<your config>"
+        if len(self.configfiles) == 1:
+            return f"--configfile={shlex.quote(self.configfiles[0])}"
+        return f"--configfile {' '.join(map(shlex.quote, self.configfiles))}" if self.configfiles else ""
 
     @property
     def protocols(self) -> list[str]:
@@ -751,4 +764,4 @@ def load_project(configfiles: list[str | Path] | None = None, overrides: dict | 
     config: dict = {}
     for path in configfiles or [Path(root) / "config/config.yaml"]:
         config = deep_merge(config, load_yaml(path) or {})
-    return Project(deep_merge(config, overrides), root)
+    return Project(deep_merge(config, overrides), root, configfiles=configfiles or [])

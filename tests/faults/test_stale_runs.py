@@ -1,6 +1,7 @@
 """Issue 25, case 3: a table (figure, scorecard) is never built from runs made from other inputs than the ones here
-now. A manifest changed by hand after the runs were made is refused by name, with the command that rebuilds them;
-putting the manifest back as it was makes the runs valid again. Through `fedrepro table`, what the rule runs."""
+now. A manifest changed by hand after the runs were made is refused by name, with the command that rebuilds them
+(naming the configuration's files); putting the manifest back as it was makes the runs valid again. Through
+`fedrepro table`, as the rule runs it."""
 
 from __future__ import annotations
 
@@ -12,16 +13,20 @@ import pytest
 
 from fedrepro import paths
 
+from infra_support import TINY_CONFIG
+
 from .support import tiny_config_json, tiny_project
 
 TABLE = paths.table("clean", "foundation", "accuracy")
 
 
-def build_table(out: str = TABLE) -> None:
+def build_table(out: str = TABLE, table: str = "accuracy", configfiles: tuple[str, ...] | None = (TINY_CONFIG,)) -> None:
+    """``fedrepro table`` as the rule runs it, with the config files Snakemake was given (None: not passed)."""
     from fedrepro.cli import main
 
-    main(["table", "--config-json", tiny_config_json(), "--protocol", "clean", "--paper", "foundation",
-          "--table", "accuracy", "--out", out])
+    named = [] if configfiles is None else ["--configfiles", *configfiles]
+    main(["table", "--config-json", tiny_config_json(), *named, "--protocol", "clean", "--paper", "foundation",
+          "--table", table, "--out", out])
 
 
 def test_a_table_refuses_runs_made_from_another_manifest_and_says_how_to_rebuild_them(tiny, caplog):
@@ -44,7 +49,8 @@ def test_a_table_refuses_runs_made_from_another_manifest_and_says_how_to_rebuild
     assert f"{TABLE}: 1 run(s) were made from inputs that have changed since" in message
     assert f"{key.path}: {manifest} (SHA-256" in message
     assert f"{tiny['paths']['split']} was made from another version of {manifest}" in message
-    assert (f"snakemake {TABLE} --cores all --forcerun {tiny['paths']['split']} {paths.run_file(key)}") in message
+    assert (f"snakemake {TABLE} --cores all --configfile={TINY_CONFIG} --forcerun {tiny['paths']['split']} "
+            f"{paths.run_file(key)}") in message
     assert not Path(TABLE).exists()
 
     shutil.copy2("manifest.orig", manifest)                              # put back: the runs match again
@@ -94,7 +100,6 @@ def add_probe_table() -> str:
 def test_a_table_refuses_a_downstream_result_made_from_another_manifest(tiny, caplog):
     """A downstream result records the SHA-256 of its downstream dataset's manifest; one recorded from another
     version of it is refused by name, with the command that rebuilds it, though the run it evaluates is current."""
-    from fedrepro.cli import main
     from fedrepro.io import read_json, sha256_file, write_json
     from fedrepro.train import train_run
 
@@ -110,8 +115,7 @@ def test_a_table_refuses_a_downstream_result_made_from_another_manifest(tiny, ca
                             "eval": {"100%": {"acc": 0.5}}, "inputs": {"manifest_sha256": manifest_sha256}})
 
     def build() -> None:
-        main(["table", "--config-json", tiny_config_json(), "--protocol", "clean", "--paper", "foundation",
-              "--table", "probe", "--out", table])
+        build_table(table, "probe")
 
     write_result(sha256_file(tiny["paths"]["manifest"]))
     build()
@@ -127,3 +131,38 @@ def test_a_table_refuses_a_downstream_result_made_from_another_manifest(tiny, ca
     assert f"{result}: {tiny['paths']['manifest']} (SHA-256 000000000000… when the result was made" in message
     assert f"--forcerun {result}" in message
     assert not Path(table).exists()
+
+
+def test_a_table_refuses_runs_made_with_other_weights_and_names_the_config_in_its_command(tiny, caplog, monkeypatch):
+    """A run records the SHA-256 of every pretrained file it loaded; weights fetched again with other bytes (their
+    weights.json lists other SHA-256s) make it stale. The rebuild command names the config files the job was
+    given, so a demo user does not rebuild against the full configuration, or says to name them when unknown."""
+    from fedrepro import train
+    from fedrepro.models import weights as W
+
+    from .test_weights_refetch import OneFile
+
+    source, spec = OneFile(), W.WeightSpec("timm", "tiny_net")
+    monkeypatch.setattr(W, "weight_source", lambda kind: source)
+    monkeypatch.setattr(train, "weight_specs", lambda model: [spec])       # the run loads these weights
+    W.fetch(spec)
+    key = tiny_project().runs()[0]
+    train.train_run(tiny, paths.run_dir(key), paths.checkpoint_dir(key))
+    build_table()
+    assert Path(TABLE).exists()
+    Path(TABLE).unlink()
+
+    source.payload = b"weights v2"
+    W.fetch(spec, force=True)                       # weights.json's content changes: another file SHA-256
+    caplog.set_level(logging.ERROR)
+    with pytest.raises(SystemExit):
+        build_table()
+    message = caplog.records[-1].getMessage()
+    assert f"{key.path}: pretrained weights {spec.id} ({paths.weights_manifest(spec.id)} lists other" in message
+    assert f"snakemake {TABLE} --cores all --configfile={TINY_CONFIG} --forcerun {paths.run_file(key)}" in message
+
+    with pytest.raises(SystemExit):
+        build_table(configfiles=None)               # a job not told its config files says to name them
+    assert (f"snakemake {TABLE} --cores all --configfile=<your config> --forcerun {paths.run_file(key)}"
+            in caplog.records[-1].getMessage())
+    assert not Path(TABLE).exists()

@@ -4,6 +4,7 @@
 import functools
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -37,6 +38,10 @@ SPLITS = PROJECT.splits()
 FEATURES = {f"{dataset}/{key}": job for (dataset, key), job in PROJECT.features().items()}   # {encoder, jpeg_draft}
 DOWNSTREAM = PROJECT.downstream_jobs()
 CONFIG_JSON = json.dumps(PROJECT.config, sort_keys=True)
+# the config files Snakemake was given (none: config/config.yaml), as report jobs pass them on (--configfiles): a
+# refusal's rebuild command names them, so a demo user does not rebuild against the full configuration
+CONFIGFILES = " ".join(shlex.quote(os.path.relpath(f) if Path(f).resolve().is_relative_to(Path.cwd().resolve()) else str(f))
+                       for f in workflow.overwrite_configfiles)
 ENV = "../../envs/fedrepro.yaml"
 
 

@@ -79,8 +79,8 @@ def check_runs(project: Project, keys, target: str | Path, downstream=()) -> Non
         manifest = paths.run_file(key, "run_manifest.json")
         if not Path(manifest).is_file():
             raise FileNotFoundError(f"{manifest} not found: {target} reads run {key.path}, whose run manifest records what "
-                                    f"it was made from; rebuild the run (snakemake {target} --forcerun "
-                                    f"{paths.run_file(key)}) or pull it (scripts/dvc-results.py pull)")
+                                    f"it was made from; rebuild the run ({rebuild_command(project, target, [paths.run_file(key)])}) "
+                                    f"or pull it (scripts/dvc-results.py pull)")
         changes, files = changed_inputs(project, key)
         if changes:
             stale[paths.run_file(key)] = (key.path, changes)
@@ -97,7 +97,14 @@ def check_runs(project: Project, keys, target: str | Path, downstream=()) -> Non
     files = [*rebuild, *stale]
     raise StaleRuns(f"{target}: {what} were made from inputs that have changed since, so they cannot go into it "
                     f"beside those made from the current ones:\n{listed}{more}\nRebuild them from the current inputs:\n"
-                    f"    snakemake {target} --cores all --forcerun {' '.join(files)}")
+                    f"    {rebuild_command(project, target, files)}")
+
+
+def rebuild_command(project: Project, target: str | Path, files) -> str:
+    """The Snakemake command that rebuilds ``files`` and then ``target``, naming this configuration's files (a demo
+    user's rebuild must not read the full configuration)."""
+    config = project.snakemake_config_args()
+    return f"snakemake {target} --cores all {config + ' ' if config else ''}--forcerun {' '.join(map(str, files))}"
 
 
 def check_inputs(project: Project, files, target: str | Path) -> None:
