@@ -289,7 +289,8 @@ class Project:
         for setting in paper["settings"]:
             for method in paper["methods"]:
                 for protocol in PROTOCOLS:
-                    self.train_config(paper["paper"], setting, method, protocol)  # validates the merged train block
+                    train = self.train_config(paper["paper"], setting, method, protocol)  # validates the merged block
+                    self._check_selection(train, f"{where}: settings/{setting} x methods/{method} (protocol {protocol})")
         for name, task in paper.get("downstream", {}).items():
             check_choice(task["dataset"], DATASETS.names(), f"{where}: downstream/{name}/dataset")
         for table_name, table in paper.get("tables", {}).items():
@@ -312,9 +313,46 @@ class Project:
                 check_choice(m, paper["methods"], f"{where}: figures/{fig_name}/methods")
             for t in fig.get("tables", []):
                 check_choice(t, paper.get("tables", {}), f"{where}: figures/{fig_name}/tables")
+            self._check_figure_names(paper, fig_name, f"{where}: figures/{fig_name}")
 
-    def _check_cell(self, paper: dict, cell: dict, where: str) -> None:
-        """A table cell's ``metric`` and ``eval`` name something its run (or downstream result) reports."""
+    def _check_selection(self, train: dict, where: str) -> None:
+        """A run's ``selection.metric`` is a metric its task reports: best_val ranks rounds on its validation
+        column, and with an unknown one the run would report its last round without a word."""
+        from .fl.evaluation import TASK_METRICS
+        from .registry import MODELS
+
+        task = MODELS.get(train["model"]["family"]).obj.task
+        allowed = [m for m in TASK_METRICS[task] if m != "n"]       # n counts images: it ranks no round
+        check_choice(train["selection"]["metric"], allowed, f"{where}: train/selection/metric (what a {task} run "
+                                                            f"reports; set in defaults, the setting's or the method's train)")
+
+    def _check_figure_names(self, paper: dict, name: str, where: str) -> None:
+        """A figure's ``metric(s)`` and ``eval(s)`` name what the runs it draws report, checked as a table cell's
+        for every run it reads (only the names its kind reads from runs: ``reads`` of its registration)."""
+        from .registry import FIGURE_KINDS
+
+        fig = paper["figures"][name]
+        reads = FIGURE_KINDS.get(fig["kind"])["reads"]
+
+        def named(key: str) -> tuple[str, list]:        # -> (the key as written, the names it gives)
+            if key not in reads:
+                return key, []
+            plural = f"{key}s"
+            return (plural, fig[plural]) if plural in fig else (key, [fig[key]] if key in fig else [])
+
+        (metric_key, metrics), (eval_key, evals) = named("metric"), named("eval")
+        for protocol in PROTOCOLS:
+            runs = self.figure_runs(paper["paper"], name, protocol)
+            for run_protocol, setting, method in dict.fromkeys((k.protocol, k.setting, k.method) for k in runs):
+                for metric in metrics or [None]:
+                    for eval_name in evals or [None]:
+                        cell = {"setting": setting, "method": method, "protocol": run_protocol, "task": None,
+                                "metric": metric, "eval": eval_name}
+                        self._check_cell(paper, cell, f"{where} ({setting} x {method})", keys=(metric_key, eval_key))
+
+    def _check_cell(self, paper: dict, cell: dict, where: str, keys: tuple[str, str] = ("metric", "eval")) -> None:
+        """A table cell's ``metric`` and ``eval`` name something its run (or downstream result) reports (None: not
+        named; ``keys``: what the configuration calls them)."""
         from .registry import METHODS, MODELS
 
         if cell["task"]:
@@ -331,9 +369,10 @@ class Project:
         train = self.train_config(paper["paper"], cell["setting"], cell["method"], cell["protocol"])
         task = MODELS.get(train["model"]["family"]).obj.task
         summary = [f"{section}.{name}" for section, names in SUMMARY_METRICS.items() for name in names]
-        check_choice(cell["metric"], [*TASK_METRICS[task], *summary], f"{where}/metric (what a {task} run reports)")
-        if cell["metric"] in summary:
-            return      # a run's total, not per eval set
+        if cell["metric"] is not None:
+            check_choice(cell["metric"], [*TASK_METRICS[task], *summary], f"{where}/{keys[0]} (what a {task} run reports)")
+        if cell["metric"] in summary or cell["eval"] is None:
+            return      # a run's total, not per eval set; or no eval set named
         algorithm = METHODS.get(paper["methods"][cell["method"]].get("method", cell["method"])).obj
         prefixes = algorithm.eval_prefixes(self.method_params(paper["paper"], cell["method"], cell["protocol"]))
         clients = expected_clients(self.setting(paper["paper"], cell["setting"], cell["protocol"])["split"])
@@ -343,7 +382,7 @@ class Project:
         if named not in known:
             count = f"{clients} clients" if clients is not None else "clients client0, client1, ..."
             shown = known if len(known) <= 24 else [*known[:24], "..."]
-            raise ConfigError(f"{where}/eval: {cell['eval']!r} is not an eval set of setting {cell['setting']!r} ({count})"
+            raise ConfigError(f"{where}/{keys[1]}: {cell['eval']!r} is not an eval set of setting {cell['setting']!r} ({count})"
                               f"{_did_you_mean(cell['eval'], known)}; allowed values: {shown}")
 
     def _check_test_data_use(self) -> None:

@@ -107,3 +107,32 @@ def test_a_global_test_fraction_out_of_range_says_the_range(tmp_path):
     with pytest.raises(ConfigError, match=r"'settings/bt_iid/split/global_test/fraction' = 1.5 is out of range; allowed: 0 < value < 1"):
         facmic(tmp_path, wrong)
 
+
+
+def test_an_unknown_selection_metric_is_refused_with_what_the_task_reports(tmp_path):
+    """best_val ranks rounds on ``selection.metric``; an unknown one would make every run report its last round."""
+    def typo(paper):
+        paper["defaults"]["selection"] = {"rule": "best_val", "metric": "bac"}
+
+    with pytest.raises(ConfigError, match=r"settings/.* x methods/.* \(protocol clean\): train/selection/metric \(what a "
+                                          r"classification run reports.*\): 'bac' is not allowed \(did you mean 'bacc'\?\); "
+                                          r"allowed values: \['acc', 'auc', 'bacc', 'ece', 'f1'\]"):
+        facmic(tmp_path, typo)
+
+
+def test_an_unknown_figure_metric_or_eval_is_refused_with_what_exists(tmp_path):
+    """A figure's metric(s) and eval(s) are checked as a table cell's, naming the key as written."""
+    def metric(paper):
+        paper["figures"]["fig2"]["metric"] = "accu"
+
+    with pytest.raises(ConfigError, match=r"figures/fig2 \(.* x .*\)/metric \(what a classification run reports\): "
+                                          r"'accu' is not allowed \(did you mean 'acc'\?\)"):
+        facmic(tmp_path, metric)
+
+    def evals(paper):
+        paper["figures"]["fig2"].pop("eval")
+        paper["figures"]["fig2"]["evals"] = ["global", "client7"]
+
+    with pytest.raises(ConfigError, match=r"figures/fig2 \(.* x .*\)/evals: 'client7' is not an eval set of setting .* "
+                                          r"\(3 clients\)"):
+        facmic(tmp_path, evals)
