@@ -136,3 +136,26 @@ def test_an_unknown_figure_metric_or_eval_is_refused_with_what_exists(tmp_path):
     with pytest.raises(ConfigError, match=r"figures/fig2 \(.* x .*\)/evals: 'client7' is not an eval set of setting .* "
                                           r"\(3 clients\)"):
         facmic(tmp_path, evals)
+
+
+@pytest.mark.parametrize("typo", [
+    {"subset": {"sources": ["original", "rotatd"]}},                     # silently dropped the rotated rows
+    {"global_test": {"sources": ["rotated", "rotatd"]}},                 # silently left rotatd's rows to clients
+    {"external": {"sources": ["rotatd"]}},
+    {"kind": "by_source", "sources": ["original", "rotatd"]},
+])
+def test_a_source_typo_in_a_split_is_refused_by_the_split_job(typo):
+    """A dataset does not declare its sources (its manifest does), so the split job, not the configuration check,
+    refuses a source name that is not there: with the key, a suggestion and the manifest's sources."""
+    import pandas as pd
+
+    from fedrepro.data.partition import SplitError, make_split
+
+    sources = ["original", "rotated", "inverted"]
+    manifest = pd.DataFrame({"path": [f"{i}.png" for i in range(60)], "label": [i % 2 for i in range(60)],
+                             "class_name": [f"c{i % 2}" for i in range(60)], "source": [sources[i % 3] for i in range(60)],
+                             "split": "train"})
+    key = next(k for k in ("subset", "global_test", "external", "by_source") if k in typo or typo.get("kind") == k)
+    with pytest.raises(SplitError, match=rf"{key}: sources \['rotatd'\] are not in .* \(did you mean 'rotated'\?\); "
+                                         rf"available: \['inverted', 'original', 'rotated'\]"):
+        make_split(manifest, {"kind": "iid", "clients": 2, **typo}, seed=0)
