@@ -1,12 +1,14 @@
 """A report is built only from runs made from the inputs that are here now.
 
 Every run records in its ``run_manifest.json`` the SHA-256 of the manifest and the split it was trained on, of the
-feature cache it read (runs on cached encoder features) and of every pretrained-weights file it loaded. Before a
-table, figure, scorecard or the evidence page reads runs, its job compares those records with the files as they are
-now (those on this machine: a ``dvc pull`` brings manifests and splits, not always the weights). A run made from
-other inputs (a manifest edited or restored by hand, a split or feature cache rebuilt, weights fetched again with
-other bytes) is refused by name, with the command that rebuilds it, so a table never mixes runs made from different
-data. The rules declare the run manifests as inputs (:func:`with_run_manifests`).
+feature cache it read (runs on cached encoder features) and of every pretrained-weights file it loaded; every
+downstream result records that of its downstream dataset's manifest. Before a table, figure, scorecard or the
+evidence page reads them, its job compares those records with the files as they are now (those on this machine: a
+``dvc pull`` brings the splits, the manifests only where they were pushed by name, not always the weights). A run
+or downstream result made from other inputs (a manifest edited or restored by hand, a split or feature cache
+rebuilt, weights fetched again with other bytes) is refused by name, with the command that rebuilds it
+(:func:`rebuild_command`), so a table never mixes results made from different data. The rules declare the run
+manifests as inputs (:func:`with_run_manifests`).
 """
 
 from __future__ import annotations
