@@ -295,8 +295,9 @@ def evidence_definition(wildcards) -> str:
 
 
 def scorecard_inputs(wildcards) -> list[str]:
-    from fedrepro.report.consistency import scorecard_runs
+    from fedrepro.report import consistency
 
     papers = list(PROJECT.papers) if wildcards.paper == "all" else [wildcards.paper]
     tables = [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in PROJECT.tables() if paper in papers]
-    return tables + [paths.run_file(key, "run_manifest.json") for key in scorecard_runs(PROJECT, wildcards.paper)]
+    runs = consistency.runs_behind(consistency.scorecard_inputs(PROJECT, wildcards.paper))
+    return tables + [paths.run_file(key, "run_manifest.json") for key in runs]
