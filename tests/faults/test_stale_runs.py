@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from fedrepro import paths
-
 from infra_support import TINY_CONFIG
 
 from .support import tiny_config_json, tiny_project
