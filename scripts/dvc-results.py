@@ -10,15 +10,18 @@ and optional targets (default ``all``); both commands use them to ask Snakemake 
 push   checks that Snakemake has nothing left to do (else it refuses, unless --force), records the
        outputs of every stage in dvc.yaml that exists (or of --stages) in dvc.lock, uploads them to
        the default DVC remote, and commits dvc.lock (only that file) to git. `git push` shares it.
-       Raw data (stage ``raw``, resources/raw) is never pushed unless --stages names it: credentialed
-       datasets (MIMIC-CXR, BRSET, ...) may not be redistributed under their data use agreements.
-pull   downloads the stages (default: manifests, splits, runs, tables, figures; no raw data, weights,
-       feature caches or checkpoints) into DVC's cache, checks every downloaded file against its MD5 in
-       dvc.lock before it touches the workspace (a corrupt copy on the remote is refused by name), puts
-       them in place, checks that the workspace now matches dvc.lock, then lets Snakemake re-order
-       modification times (``snakemake --touch``). DVC does not keep mtimes, so without this step
-       Snakemake would see inputs newer than outputs and rerun them. Afterwards ``snakemake -n``
-       reports nothing to do and a table rebuilds from the pulled metrics without training.
+       Data of the datasets themselves is never pushed unless --stages names its stage: raw data
+       (``raw``), the decode-once pixel caches made from it (``images``) and the manifests (``manifests``:
+       per-image metadata, and MIMIC-CXR's report text in its ``caption`` column). Credentialed datasets
+       (MIMIC-CXR, BRSET, mBRSET, EyePACS, ...) may not be redistributed under their data use agreements.
+pull   downloads the stages (default: manifests if they were pushed, splits, runs, embeddings, tables,
+       figures, scorecards; no raw data, weights, image or feature caches, or checkpoints) into DVC's cache,
+       checks every downloaded file against its MD5 in dvc.lock before it touches the workspace (a corrupt
+       copy on the remote is refused by name), puts them in place, checks that the workspace now matches
+       dvc.lock, then lets Snakemake re-order modification times (``snakemake --touch``). DVC does not keep
+       mtimes, so without this step Snakemake would see inputs newer than outputs and rerun them.
+       Afterwards ``snakemake -n`` reports nothing to do and a table rebuilds from the pulled metrics
+       without training.
 """
 
 from __future__ import annotations
@@ -35,8 +38,13 @@ from pathlib import Path
 import yaml
 
 DEFAULT_PULL = ("manifests", "splits", "runs", "embeddings", "tables", "figures", "scorecards")
-# pushed only when --stages names them: raw data of credentialed datasets must not leave the machine by default
-PUSHED_ONLY_BY_NAME = ("raw",)
+# pushed only when --stages names them (-> why): the datasets' own data, which credentialed datasets' data use
+# agreements forbid redistributing, must not leave the machine by default
+PUSHED_ONLY_BY_NAME = {
+    "raw": "raw data",
+    "images": "pixel caches of the raw images",
+    "manifests": "per-image metadata, with MIMIC-CXR's report text (caption column)",
+}
 NOTHING_TO_DO = "Nothing to be done"
 
 
@@ -93,8 +101,9 @@ def push(args, root: Path) -> None:
                              if s not in PUSHED_ONLY_BY_NAME and all((root / o).exists() for o in outs)]
     held = [s for s in PUSHED_ONLY_BY_NAME if s in known and s not in stages and all((root / o).exists() for o in known[s])]
     if held:
-        print(f"not pushed: {', '.join(held)} ({', '.join(o for s in held for o in known[s])}): raw data may be under a "
-              f"data use agreement that forbids sharing it (MIMIC-CXR, BRSET, ...); name it with --stages to push it.",
+        listed = "; ".join(f"{s} ({', '.join(known[s])}: {PUSHED_ONLY_BY_NAME[s]})" for s in held)
+        print(f"not pushed: {listed}. They hold the datasets' own data, which the data use agreements of credentialed "
+              f"datasets (MIMIC-CXR, BRSET, mBRSET, EyePACS, ...) forbid sharing; name a stage with --stages to push it.",
               file=sys.stderr)
     missing = [s for s in stages if not all((root / o).exists() for o in known[s])]
     if missing:

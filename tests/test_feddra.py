@@ -1026,5 +1026,6 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
         assert all(0.0 <= result["eval"][k][metric] <= 1.0 for k in keys)
         assert result["sizes"]["train"][keys[0]] < result["sizes"]["train"][keys[1]]
         assert result["run"]["config_hash"] == run["config_hash"]
+        assert result["inputs"]["manifest_sha256"] == sha256_file(job["paths"]["manifest"])    # tables compare it
     cls = read_json(Path("results/downstream") / key.path / "cls.json")
     assert cls["eval"]["10%"]["n"] == cls["sizes"]["test"]

@@ -295,6 +295,28 @@ def test_12bit_correction_matches_the_kaggle_notebooks(bits_stored, signed, inte
 
 
 # --------------------------------------------------------------------------------------------
+# HyperKvasir: the folders are the labels; image-labels.csv only checks them
+
+def test_hyperkvasir_warns_where_its_label_table_and_folders_disagree_and_keeps_the_folders(tmp_path, caplog):
+    import logging
+
+    raw = tmp_path / "raw"
+    real_layouts.hyperkvasir(raw)
+    download.download_dataset(dataset("hyperkvasir"), raw, env=NO_CREDENTIALS)
+    root = raw / "hyperkvasir" / "hyper-kvasir" / "labeled-images"
+    next((root / "lower-gi-tract" / "anatomical-landmarks" / "cecum").glob("*.jpg")).unlink()    # a partial unpack
+    caplog.set_level(logging.WARNING, logger="fedrepro.data.datasets.endoscopy")
+    manifest = prepare_dataset(dataset("hyperkvasir"), raw)
+    [record] = caplog.records
+    message = record.getMessage()
+    assert f"{root / 'image-labels.csv'} and the folder tree disagree" in message
+    assert "'cecum': (2, 1)" in message and "the labels come from the folders" in message
+    assert "'z-line'" not in message                           # findings that agree are not listed
+    assert manifest["class_name"].value_counts().to_dict() == {"barretts-short-segment": 1, "cecum": 1,
+                                                                 "ulcerative-colitis-grade-2-3": 1, "z-line": 2}
+
+
+# --------------------------------------------------------------------------------------------
 # large downloads: free space, resume for Kaggle and PhysioNet
 
 def test_unpacking_refuses_what_the_disk_cannot_hold(tmp_path, monkeypatch):

@@ -114,37 +114,46 @@ def cmd_downstream(args) -> None:
 def _project(args):
     from .config import Project
 
-    return Project(json.loads(args.config_json), root=".")
+    return Project(json.loads(args.config_json), root=".", configfiles=args.configfiles)
+
+
+def _add_config_json(p, required: bool = True) -> None:
+    """A report job's configuration: the merged config as JSON, and the files it came from (which a refusal's
+    rebuild command names; the rules pass the ones Snakemake was given). Where the JSON is optional (``fedrepro
+    evidence``, which users run too), the configuration is read from those files."""
+    p.add_argument("--config-json", required=required)
+    p.add_argument("--configfiles", nargs="*", metavar="FILE",
+                   help="the config files Snakemake was given (none: the default config/config.yaml); unset: unknown")
 
 
 def cmd_table(args) -> None:
-    from .report.consistency import check_runs, runs_behind
+    from .report.consistency import check_inputs
     from .report.tables import make_table, table_inputs, table_item, write_table
 
     project = _project(args)
     item = table_item(project, args.protocol, args.paper, args.table)
-    check_runs(project, runs_behind(table_inputs(item)), args.out)
+    check_inputs(project, table_inputs(item), args.out)
     write_table(make_table(item), args.out, project.config["report"]["error_bars"])
 
 
 def cmd_figure(args) -> None:
-    from .report.consistency import check_runs, runs_behind
+    from .report.consistency import check_inputs
     from .report.figures import figure_inputs, figure_item, make_figure
 
     project = _project(args)
     item = figure_item(project, args.protocol, args.paper, args.figure)
-    check_runs(project, runs_behind(figure_inputs(item)), args.out)
+    check_inputs(project, figure_inputs(item), args.out)
     make_figure(item, args.out)
 
 
 def cmd_scorecard(args) -> None:
     from . import paths
     from .report import scorecard
-    from .report.consistency import check_runs, scorecard_runs
+    from .report.consistency import check_inputs, scorecard_inputs
     from .report.item import stand_in
 
     project = _project(args)
-    check_runs(project, scorecard_runs(project, args.paper), args.out)
+    check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
     tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"))
               for protocol, paper, table in project.tables() if paper in papers]
@@ -161,7 +170,7 @@ def cmd_evidence(args) -> None:
     from .report import evidence
     from .report.consistency import check_runs
 
-    project = _project(args) if args.config_json else load_project(args.configfile or None)
+    project = _project(args) if args.config_json else load_project(args.configfiles or None)
     if not project.config.get("evidence"):
         raise SystemExit("this configuration sets no learning bar (config key `evidence`)")
     out = args.out or paths.evidence()
@@ -361,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for name, fn, item in (("table", cmd_table, "table"), ("figure", cmd_figure, "figure")):
         p = sub.add_parser(name, help=f"build one paper {name} from run results")
-        p.add_argument("--config-json", required=True)
+        _add_config_json(p)
         p.add_argument("--protocol", required=True, choices=("clean", "paper"))
         p.add_argument("--paper", required=True)
         p.add_argument(f"--{item}", required=True)
@@ -369,14 +378,13 @@ def main(argv: list[str] | None = None) -> None:
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("scorecard", help="did each published number reproduce? (Markdown, HTML, CSV, figure)")
-    p.add_argument("--config-json", required=True)
+    _add_config_json(p)
     p.add_argument("--paper", required=True, help="a paper, or 'all'")
     p.add_argument("--out", required=True, help="results/scorecards/<paper>.html (the .md, .csv, .png beside it)")
     p.set_defaults(fn=cmd_scorecard)
 
     p = sub.add_parser("evidence", help="did every run clear the learning bar? (<results_dir>/evidence/)")
-    p.add_argument("--config-json", help="the resolved configuration as JSON (what the workflow passes)")
-    p.add_argument("--configfile", nargs="*", help="or config files, merged in order (e.g. config/demo.yaml)")
+    _add_config_json(p, required=False)
     p.add_argument("--out", help="default: <results_dir>/evidence/index.html of the configuration")
     p.add_argument("--check", action="store_true", help="exit 1 if a run that is not exempt is below the bar")
     p.set_defaults(fn=cmd_evidence)

@@ -21,6 +21,7 @@ import copy
 import difflib
 import math
 import re
+import shlex
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -218,8 +219,11 @@ PAPER_PRECISION = "fp32"
 class Project:
     """The validated configuration of every active paper, and everything derived from it."""
 
-    def __init__(self, config: dict, root: str | Path = "."):
+    def __init__(self, config: dict, root: str | Path = ".", configfiles: list[str] | None = None):
         self.root = Path(root)
+        # the files the configuration was read from (none: the default config/config.yaml; None: unknown), which
+        # a command a message suggests must name: `snakemake ... --configfile=...`
+        self.configfiles = None if configfiles is None else [str(f) for f in configfiles]
         if "protocol" in config:
             raise ConfigError(f"config: 'protocol: {config['protocol']}' is now a list, 'protocols: [{config['protocol']}]' "
                               f"(results of each protocol live in their own folder: results/runs/<protocol>/...)")
@@ -247,6 +251,15 @@ class Project:
             self.papers[name] = paper
             self._check_paper(paper, str(path))
         self._check_test_data_use()
+
+    def snakemake_config_args(self) -> str:
+        """What a suggested `snakemake` command needs to read this configuration: its files, in order (one with
+        ``=``, so that no target is read as a second file; several before another option ends the list)."""
+        if self.configfiles is None:
+            return "--configfile=<your config>"
+        if len(self.configfiles) == 1:
+            return f"--configfile={shlex.quote(self.configfiles[0])}"
+        return f"--configfile {' '.join(map(shlex.quote, self.configfiles))}" if self.configfiles else ""
 
     @property
     def protocols(self) -> list[str]:
@@ -283,7 +296,8 @@ class Project:
         for setting in paper["settings"]:
             for method in paper["methods"]:
                 for protocol in PROTOCOLS:
-                    self.train_config(paper["paper"], setting, method, protocol)  # validates the merged train block
+                    train = self.train_config(paper["paper"], setting, method, protocol)  # validates the merged block
+                    self._check_selection(train, f"{where}: settings/{setting} x methods/{method} (protocol {protocol})")
         for name, task in paper.get("downstream", {}).items():
             check_choice(task["dataset"], DATASETS.names(), f"{where}: downstream/{name}/dataset")
         for table_name, table in paper.get("tables", {}).items():
@@ -306,9 +320,46 @@ class Project:
                 check_choice(m, paper["methods"], f"{where}: figures/{fig_name}/methods")
             for t in fig.get("tables", []):
                 check_choice(t, paper.get("tables", {}), f"{where}: figures/{fig_name}/tables")
+            self._check_figure_names(paper, fig_name, f"{where}: figures/{fig_name}")
 
-    def _check_cell(self, paper: dict, cell: dict, where: str) -> None:
-        """A table cell's ``metric`` and ``eval`` name something its run (or downstream result) reports."""
+    def _check_selection(self, train: dict, where: str) -> None:
+        """A run's ``selection.metric`` is a metric its task reports: best_val ranks rounds on its validation
+        column, and with an unknown one the run would report its last round without a word."""
+        from .fl.evaluation import TASK_METRICS
+        from .registry import MODELS
+
+        task = MODELS.get(train["model"]["family"]).obj.task
+        allowed = [m for m in TASK_METRICS[task] if m != "n"]       # n counts images: it ranks no round
+        check_choice(train["selection"]["metric"], allowed, f"{where}: train/selection/metric (what a {task} run "
+                                                            f"reports; set in defaults, the setting's or the method's train)")
+
+    def _check_figure_names(self, paper: dict, name: str, where: str) -> None:
+        """A figure's ``metric(s)`` and ``eval(s)`` name what the runs it draws report, checked as a table cell's
+        for every run it reads (only the names its kind reads from runs: ``reads`` of its registration)."""
+        from .registry import FIGURE_KINDS
+
+        fig = paper["figures"][name]
+        reads = FIGURE_KINDS.get(fig["kind"])["reads"]
+
+        def named(key: str) -> tuple[str, list]:        # -> (the key as written, the names it gives)
+            if key not in reads:
+                return key, []
+            plural = f"{key}s"
+            return (plural, fig[plural]) if plural in fig else (key, [fig[key]] if key in fig else [])
+
+        (metric_key, metrics), (eval_key, evals) = named("metric"), named("eval")
+        for protocol in PROTOCOLS:
+            runs = self.figure_runs(paper["paper"], name, protocol)
+            for run_protocol, setting, method in dict.fromkeys((k.protocol, k.setting, k.method) for k in runs):
+                for metric in metrics or [None]:
+                    for eval_name in evals or [None]:
+                        cell = {"setting": setting, "method": method, "protocol": run_protocol, "task": None,
+                                "metric": metric, "eval": eval_name}
+                        self._check_cell(paper, cell, f"{where} ({setting} x {method})", keys=(metric_key, eval_key))
+
+    def _check_cell(self, paper: dict, cell: dict, where: str, keys: tuple[str, str] = ("metric", "eval")) -> None:
+        """A table cell's ``metric`` and ``eval`` name something its run (or downstream result) reports (None: not
+        named; ``keys``: what the configuration calls them)."""
         from .registry import METHODS, MODELS
 
         if cell["task"]:
@@ -325,9 +376,10 @@ class Project:
         train = self.train_config(paper["paper"], cell["setting"], cell["method"], cell["protocol"])
         task = MODELS.get(train["model"]["family"]).obj.task
         summary = [f"{section}.{name}" for section, names in SUMMARY_METRICS.items() for name in names]
-        check_choice(cell["metric"], [*TASK_METRICS[task], *summary], f"{where}/metric (what a {task} run reports)")
-        if cell["metric"] in summary:
-            return      # a run's total, not per eval set
+        if cell["metric"] is not None:
+            check_choice(cell["metric"], [*TASK_METRICS[task], *summary], f"{where}/{keys[0]} (what a {task} run reports)")
+        if cell["metric"] in summary or cell["eval"] is None:
+            return      # a run's total, not per eval set; or no eval set named
         algorithm = METHODS.get(paper["methods"][cell["method"]].get("method", cell["method"])).obj
         prefixes = algorithm.eval_prefixes(self.method_params(paper["paper"], cell["method"], cell["protocol"]))
         clients = expected_clients(self.setting(paper["paper"], cell["setting"], cell["protocol"])["split"])
@@ -337,7 +389,7 @@ class Project:
         if named not in known:
             count = f"{clients} clients" if clients is not None else "clients client0, client1, ..."
             shown = known if len(known) <= 24 else [*known[:24], "..."]
-            raise ConfigError(f"{where}/eval: {cell['eval']!r} is not an eval set of setting {cell['setting']!r} ({count})"
+            raise ConfigError(f"{where}/{keys[1]}: {cell['eval']!r} is not an eval set of setting {cell['setting']!r} ({count})"
                               f"{_did_you_mean(cell['eval'], known)}; allowed values: {shown}")
 
     def _check_test_data_use(self) -> None:
@@ -862,4 +914,4 @@ def load_project(configfiles: list[str | Path] | None = None, overrides: dict | 
     config: dict = {}
     for path in configfiles or [Path(root) / "config/config.yaml"]:
         config = deep_merge(config, load_yaml(path) or {})
-    return Project(deep_merge(config, overrides), root)
+    return Project(deep_merge(config, overrides), root, configfiles=configfiles or [])

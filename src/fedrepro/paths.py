@@ -172,6 +172,12 @@ def run_key_of(path: str) -> RunKey | None:
     return None
 
 
+def downstream_of(path: str) -> tuple[RunKey, str] | None:
+    """(run, task) of a downstream result file (:func:`downstream`), or None for any other file."""
+    key = run_key_of(path) if path.startswith("results/downstream/") and path.endswith(".json") else None
+    return None if key is None else (key, Path(path).stem)
+
+
 # ---- report ------------------------------------------------------------------------------------
 
 def table(protocol: str, paper: str, name: str, suffix: str = ".md") -> str:

@@ -17,7 +17,7 @@ registry            decorator / call (where)                    what it stores
                                                                 data/splitters/*.py)
 ``BUILDERS``        ``@builder(name)``                          offline demo-data builders (data/demo.py)
 ``TABLE_KINDS``     ``@register_table_kind(name, inputs=...)``  table builders + the files their rule reads
-``FIGURE_KINDS``    ``@register_figure_kind(name, inputs=...)`` figure drawers + the files their rule reads
+``FIGURE_KINDS``    ``@register_figure_kind(name, inputs=..., reads=...)`` figure drawers + the files their rule reads
 ``EXTRACTORS``      ``@register_extractor(figure kind)``        what the ``embed`` rule extracts from a
                     (fedrepro/embed.py)                         trained model for such a figure
 ``WEIGHT_SOURCES``  ``@register_weight_source(kind)``           where pretrained weights of one kind come
@@ -189,10 +189,12 @@ def register_table_kind(name: str, inputs: Callable) -> Callable:
     return TABLE_KINDS.register(name, inputs=inputs)
 
 
-def register_figure_kind(name: str, inputs: Callable) -> Callable:
+def register_figure_kind(name: str, inputs: Callable, reads: tuple[str, ...] = ()) -> Callable:
     """A figure drawer ``(project, paper, name, spec, out_png) -> None``; ``inputs(project, paper, name)``
-    lists every file it reads (its Snakemake rule's inputs)."""
-    return FIGURE_KINDS.register(name, inputs=inputs)
+    lists every file it reads (its Snakemake rule's inputs). ``reads``: which of the spec's names are what its
+    runs report, checked before any job like a table cell's: ``"metric"`` (``metric``/``metrics``), ``"eval"``
+    (``eval``/``evals``)."""
+    return FIGURE_KINDS.register(name, inputs=inputs, reads=tuple(reads))
 
 
 def register_extractor(figure_kind: str) -> Callable:

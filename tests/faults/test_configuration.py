@@ -107,3 +107,55 @@ def test_a_global_test_fraction_out_of_range_says_the_range(tmp_path):
     with pytest.raises(ConfigError, match=r"'settings/bt_iid/split/global_test/fraction' = 1.5 is out of range; allowed: 0 < value < 1"):
         facmic(tmp_path, wrong)
 
+
+
+def test_an_unknown_selection_metric_is_refused_with_what_the_task_reports(tmp_path):
+    """best_val ranks rounds on ``selection.metric``; an unknown one would make every run report its last round."""
+    def typo(paper):
+        paper["defaults"]["selection"] = {"rule": "best_val", "metric": "bac"}
+
+    with pytest.raises(ConfigError, match=r"settings/.* x methods/.* \(protocol clean\): train/selection/metric \(what a "
+                                          r"classification run reports.*\): 'bac' is not allowed \(did you mean 'bacc'\?\); "
+                                          r"allowed values: \['acc', 'auc', 'bacc', 'ece', 'f1'\]"):
+        facmic(tmp_path, typo)
+
+
+def test_an_unknown_figure_metric_or_eval_is_refused_with_what_exists(tmp_path):
+    """A figure's metric(s) and eval(s) are checked as a table cell's, naming the key as written."""
+    def metric(paper):
+        paper["figures"]["fig2"]["metric"] = "accu"
+
+    with pytest.raises(ConfigError, match=r"figures/fig2 \(.* x .*\)/metric \(what a classification run reports\): "
+                                          r"'accu' is not allowed \(did you mean 'acc'\?\)"):
+        facmic(tmp_path, metric)
+
+    def evals(paper):
+        paper["figures"]["fig2"].pop("eval")
+        paper["figures"]["fig2"]["evals"] = ["global", "client7"]
+
+    with pytest.raises(ConfigError, match=r"figures/fig2 \(.* x .*\)/evals: 'client7' is not an eval set of setting .* "
+                                          r"\(3 clients\)"):
+        facmic(tmp_path, evals)
+
+
+@pytest.mark.parametrize("typo", [
+    {"subset": {"sources": ["original", "rotatd"]}},                     # silently dropped the rotated rows
+    {"global_test": {"sources": ["rotated", "rotatd"]}},                 # silently left rotatd's rows to clients
+    {"external": {"sources": ["rotatd"]}},
+    {"kind": "by_source", "sources": ["original", "rotatd"]},
+])
+def test_a_source_typo_in_a_split_is_refused_by_the_split_job(typo):
+    """A dataset does not declare its sources (its manifest does), so the split job, not the configuration check,
+    refuses a source name that is not there: with the key, a suggestion and the manifest's sources."""
+    import pandas as pd
+
+    from fedrepro.data.partition import SplitError, make_split
+
+    sources = ["original", "rotated", "inverted"]
+    manifest = pd.DataFrame({"path": [f"{i}.png" for i in range(60)], "label": [i % 2 for i in range(60)],
+                             "class_name": [f"c{i % 2}" for i in range(60)], "source": [sources[i % 3] for i in range(60)],
+                             "split": "train"})
+    key = next(k for k in ("subset", "global_test", "external", "by_source") if k in typo or typo.get("kind") == k)
+    with pytest.raises(SplitError, match=rf"{key}: sources \['rotatd'\] are not in .* \(did you mean 'rotated'\?\); "
+                                         rf"available: \['inverted', 'original', 'rotated'\]"):
+        make_split(manifest, {"kind": "iid", "clients": 2, **typo}, seed=0)

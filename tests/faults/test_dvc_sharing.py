@@ -1,6 +1,7 @@
 """Issue 25, cases 2 and 7: `scripts/dvc-results.py pull` checks every downloaded file against its MD5 in dvc.lock
 before it touches the workspace, and refuses a corrupt copy on the remote naming the file and the remote; a
-missing remote is named with its path. `push` never uploads raw data unless --stages names it."""
+missing remote is named with its path. `push` never uploads the datasets' own data (raw data, pixel caches,
+manifests) unless --stages names its stage."""
 
 from __future__ import annotations
 
@@ -64,10 +65,13 @@ def test_pull_refuses_a_corrupt_remote_copy_by_name_and_a_missing_remote_by_path
     assert missing.returncode == 1 and f"{tmp_path / 'gone'} does not exist or is not readable" in missing.stderr
 
 
-def test_push_leaves_raw_data_out_unless_named(tmp_path, monkeypatch):
+def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatch, capsys):
+    """Raw data, the decode-once pixel caches and the manifests (MIMIC-CXR's carries report text) stay on the
+    machine unless --stages names them; push says which it held back and why."""
     module = dvc_results()
     (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
-    for out in ("resources/raw/mimic_cxr", "resources/manifests", "results/runs"):
+    for out in ("resources/raw/mimic_cxr", "resources/images/mimic_cxr", "resources/manifests", "resources/splits",
+                "results/runs"):
         (tmp_path / out).mkdir(parents=True)
     commands = []
 
@@ -78,7 +82,11 @@ def test_push_leaves_raw_data_out_unless_named(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "run", record)
     monkeypatch.setattr(module, "pending_jobs", lambda args: 0)
     module.push(SimpleNamespace(stages=None, snakemake=[], force=False), tmp_path)
-    assert ["dvc", "push", "manifests", "runs"] in commands
+    assert ["dvc", "push", "splits", "runs"] in commands
+    held = capsys.readouterr().err
+    assert "not pushed: raw (resources/raw: raw data); images (resources/images: pixel caches" in held
+    assert "manifests (resources/manifests: per-image metadata, with MIMIC-CXR's report text" in held
+    assert "name a stage with --stages to push it" in held
     commands.clear()
-    module.push(SimpleNamespace(stages=["raw", "runs"], snakemake=[], force=False), tmp_path)
-    assert ["dvc", "push", "raw", "runs"] in commands
+    module.push(SimpleNamespace(stages=["raw", "images", "manifests", "runs"], snakemake=[], force=False), tmp_path)
+    assert ["dvc", "push", "raw", "images", "manifests", "runs"] in commands

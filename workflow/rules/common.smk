@@ -4,6 +4,7 @@
 import functools
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -37,6 +38,10 @@ SPLITS = PROJECT.splits()
 FEATURES = {f"{dataset}/{key}": job for (dataset, key), job in PROJECT.features().items()}   # {encoder, jpeg_draft}
 DOWNSTREAM = PROJECT.downstream_jobs()
 CONFIG_JSON = json.dumps(PROJECT.config, sort_keys=True)
+# the config files Snakemake was given (none: config/config.yaml), as report jobs pass them on (--configfiles): a
+# refusal's rebuild command names them, so a demo user does not rebuild against the full configuration
+CONFIGFILES = " ".join(shlex.quote(os.path.relpath(f) if Path(f).resolve().is_relative_to(Path.cwd().resolve()) else str(f))
+                       for f in workflow.overwrite_configfiles)
 ENV = "../../envs/fedrepro.yaml"
 
 
@@ -293,8 +298,9 @@ def evidence_definition(wildcards) -> str:
 
 
 def scorecard_inputs(wildcards) -> list[str]:
-    from fedrepro.report.consistency import scorecard_runs
+    from fedrepro.report import consistency
 
     papers = list(PROJECT.papers) if wildcards.paper == "all" else [wildcards.paper]
     tables = [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in PROJECT.tables() if paper in papers]
-    return tables + [paths.run_file(key, "run_manifest.json") for key in scorecard_runs(PROJECT, wildcards.paper)]
+    runs = consistency.runs_behind(consistency.scorecard_inputs(PROJECT, wildcards.paper))
+    return tables + [paths.run_file(key, "run_manifest.json") for key in runs]

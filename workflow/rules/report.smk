@@ -45,8 +45,8 @@ rule table:
     conda:
         ENV
     shell:
-        "fedrepro --log {log} table --config-json {params.config:q} --protocol {wildcards.protocol} --paper {wildcards.paper} "
-        "--table {wildcards.table} --out {output.md}"
+        "fedrepro --log {log} table --config-json {params.config:q} --configfiles {CONFIGFILES} "
+        "--protocol {wildcards.protocol} --paper {wildcards.paper} --table {wildcards.table} --out {output.md}"
 
 
 rule figure:
@@ -65,8 +65,8 @@ rule figure:
     conda:
         ENV
     shell:
-        "fedrepro --log {log} figure --config-json {params.config:q} --protocol {wildcards.protocol} --paper {wildcards.paper} "
-        "--figure {wildcards.figure} --out {output.png}"
+        "fedrepro --log {log} figure --config-json {params.config:q} --configfiles {CONFIGFILES} "
+        "--protocol {wildcards.protocol} --paper {wildcards.paper} --figure {wildcards.figure} --out {output.png}"
 
 
 rule scorecard:
@@ -89,7 +89,8 @@ rule scorecard:
     conda:
         ENV
     shell:
-        "fedrepro --log {log} scorecard --config-json {params.config:q} --paper {wildcards.paper} --out {output.html}"
+        "fedrepro --log {log} scorecard --config-json {params.config:q} --configfiles {CONFIGFILES} "
+        "--paper {wildcards.paper} --out {output.html}"
 
 
 rule evidence:
@@ -109,4 +110,4 @@ rule evidence:
     conda:
         ENV
     shell:
-        "fedrepro --log {log} evidence --config-json {params.config:q} --out {output.html}"
+        "fedrepro --log {log} evidence --config-json {params.config:q} --configfiles {CONFIGFILES} --out {output.html}"

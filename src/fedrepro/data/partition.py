@@ -29,6 +29,7 @@ recorded in the split file.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,18 @@ from ..seeding import numpy_rng
 
 class SplitError(ValueError):
     pass
+
+
+def check_sources(names, present, key: str, where: str = "the manifest") -> None:
+    """Refuse source names a split lists that are not among ``present`` (the manifest's ``source`` values, or the
+    pool's): a typo would otherwise drop that source's rows without a word. The dataset does not declare its
+    sources (only its manifest knows them), so this is the split job's check, not the configuration's."""
+    present = sorted(set(map(str, present)))
+    unknown = sorted(set(names) - set(present))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], present, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SplitError(f"{key}: sources {unknown} are not in {where}{hint}; available: {present}")
 
 
 OVERLAP_PARTS = ("clients", "global_test", "reference", "external")
@@ -161,9 +174,7 @@ def split_by_source(labels, sources, spec, rng):
     """One client per source (site, domain), in the order of ``sources`` (default: sorted); with
     ``per_source`` each source is itself split into several clients by another splitter."""
     names = spec.get("sources") or sorted(set(sources))
-    unknown = sorted(set(names) - set(sources))
-    if unknown:
-        raise SplitError(f"by_source: sources {unknown} are not in the pool; available: {sorted(set(sources))}")
+    check_sources(names, sources, "by_source", "the pool")
     inner = spec.get("per_source")
     out = []
     for name in names:
@@ -296,6 +307,7 @@ def _subset_rows(manifest: pd.DataFrame, subset: dict | None) -> np.ndarray:
     mask = np.ones(len(manifest), dtype=bool)
     if subset:
         if "sources" in subset:
+            check_sources(subset["sources"], manifest["source"].unique(), "subset")
             mask &= manifest["source"].isin(subset["sources"]).to_numpy()
         if "classes" in subset:
             mask &= manifest["class_name"].isin(subset["classes"]).to_numpy()
@@ -313,9 +325,7 @@ def _external(manifest: pd.DataFrame, rows: np.ndarray, rule: dict | None, rng) 
     if not rule:
         return np.zeros(0, dtype=int), rows
     sources = manifest["source"].to_numpy().astype(str)[rows]
-    unknown = sorted(set(rule["sources"]) - set(sources))
-    if unknown:
-        raise SplitError(f"external: sources {unknown} are not in the manifest; available: {sorted(set(sources))}")
+    check_sources(rule["sources"], sources, "external")
     chosen = np.isin(sources, rule["sources"])
     return _source_fraction(manifest, rows[chosen], rule, rng), rows[~chosen]
 
@@ -338,9 +348,8 @@ def _global_test(manifest, rows, rule, rng) -> tuple[np.ndarray, np.ndarray]:
             raise SplitError("global_test: official, but the manifest has no rows with split == 'test'")
         return rows[is_test], rows[~is_test]
     if isinstance(rule, dict) and "sources" in rule:
+        check_sources(rule["sources"], manifest["source"].to_numpy().astype(str)[rows], "global_test", "the pool")
         in_target = np.isin(manifest["source"].to_numpy()[rows], rule["sources"])
-        if not in_target.any():
-            raise SplitError(f"global_test sources {rule['sources']} match no rows")
         return _source_fraction(manifest, rows[in_target], rule, rng), rows[~in_target]
     if isinstance(rule, dict) and "fraction" in rule:
         labels = manifest["label"].to_numpy()[rows]

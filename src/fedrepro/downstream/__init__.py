@@ -22,7 +22,9 @@ is part of the 10% one) and drawn per training seed. For a personalized pre-trai
 (Decentralized), every client model is evaluated and the result is their mean, as the paper reports.
 
 Output (same layout as a run's metrics.json, so tables read it with ``task:``):
-``{"run", "task", "selection", "eval": {"1%": {"acc": ..}, "10%": {..}}, "per_model": [...]}``.
+``{"run", "task", "selection", "eval": {"1%": {"acc": ..}, "10%": {..}}, "per_model": [...], "inputs"}``, where
+``inputs`` holds the SHA-256 of the downstream dataset's manifest (a table refuses a result made from another
+version of it: fedrepro.report.consistency).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io import read_json, write_json
+from ..io import read_json, sha256_file, write_json
 from ..seeding import configure_determinism, numpy_rng, seed_global
 
 
@@ -167,6 +169,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
         if not hasattr(family, name):
             raise DownstreamError(f"model family {run['train']['model']['family']!r} has no {name}(): it cannot run a {spec['kind']} task")
     manifest = read_manifest(job["paths"]["manifest"])
+    inputs = {"manifest_sha256": sha256_file(job["paths"]["manifest"])}    # tables compare it with the file here now
     column = spec["label_column"]
     if column not in manifest.columns:
         raise DownstreamError(f"{job['paths']['manifest']} has no column {column!r} (downstream/{job['task']}/label_column); "
@@ -198,6 +201,7 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
         "sizes": {"train": {fraction_key(f): int(len(rows)) for f, rows in subsets.items()},
                   "val": int(len(splits["val"])), "test": int(len(splits["test"]))},
         "config_hash": job["config_hash"],
+        "inputs": inputs,
         "precision": compute.precision,
         "time_s": time.time() - started,
     }

@@ -56,13 +56,13 @@ def _bars(item: ReportItem, out_png: Path, metrics: list[str]) -> None:
     finish(fig, plt, item.title, f"mean ± {ERROR_BARS[bars]}, {len(item.seeds)} seeds", out_png, legend_ax=axes[0])
 
 
-@register_figure_kind("client_bars", inputs=run_inputs("metrics.json"))
+@register_figure_kind("client_bars", inputs=run_inputs("metrics.json"), reads=("metric", "eval"))
 def client_bars(item: ReportItem, out_png: Path) -> None:
     """Per-client test accuracy (or ``metric``), grouped by eval set, one bar per method, a panel per setting."""
     _bars(item, out_png, item.spec.get("metrics") or [item.spec.get("metric", "acc")])
 
 
-@register_figure_kind("backbones", inputs=run_inputs("metrics.json"))
+@register_figure_kind("backbones", inputs=run_inputs("metrics.json"), reads=("metric", "eval"))
 def backbones(item: ReportItem, out_png: Path) -> None:
     """BACC and macro-F1 (or ``metrics``) per client for backbone variants (the methods)."""
     _bars(item, out_png, item.spec.get("metrics") or ["bacc", "f1"])

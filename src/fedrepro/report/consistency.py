@@ -1,11 +1,14 @@
 """A report is built only from runs made from the inputs that are here now.
 
-Every run records in its ``run_manifest.json`` the SHA-256 of the manifest and the split it was trained on and of
-every pretrained-weights file it loaded. Before a table, figure, scorecard or the evidence page reads runs, its job
-compares those records with the files as they are now (those on this machine: a ``dvc pull`` brings manifests and
-splits, not always the weights). A run made from other inputs (a manifest edited or restored by hand, a split
-rebuilt, weights fetched again with other bytes) is refused by name, with the command that rebuilds it, so a table
-never mixes runs made from different data. The rules declare the run manifests as inputs (:func:`with_run_manifests`).
+Every run records in its ``run_manifest.json`` the SHA-256 of the manifest and the split it was trained on, of the
+feature cache it read (runs on cached encoder features) and of every pretrained-weights file it loaded; every
+downstream result records that of its downstream dataset's manifest. Before a table, figure, scorecard or the
+evidence page reads them, its job compares those records with the files as they are now (those on this machine: a
+``dvc pull`` brings the splits, the manifests only where they were pushed by name, not always the weights). A run
+or downstream result made from other inputs (a manifest edited or restored by hand, a split or feature cache
+rebuilt, weights fetched again with other bytes) is refused by name, with the command that rebuilds it
+(:func:`rebuild_command`), so a table never mixes results made from different data. The rules declare the run
+manifests as inputs (:func:`with_run_manifests`).
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ def changed_inputs(project: Project, key: RunKey) -> tuple[list[str], list[str]]
     recorded = read_json(paths.run_file(key, "run_manifest.json")).get("inputs", {})
     now = project.run_config(key)["paths"]
     changes, rebuild = [], []
-    for name, path in (("manifest_sha256", now["manifest"]), ("split_sha256", now["split"])):
-        if recorded.get(name) and Path(path).is_file() and file_digest(path) != recorded[name]:
+    inputs = (("manifest_sha256", now["manifest"]), ("split_sha256", now["split"]),
+              ("features_sha256", now["features"]))     # features: runs on cached encoder features only
+    for name, path in inputs:
+        if recorded.get(name) and path and Path(path).is_file() and file_digest(path) != recorded[name]:
             changes.append(f"{path} (SHA-256 {recorded[name][:12]}… when the run was made, {file_digest(path)[:12]}… now)")
     split = now["split"]
     if Path(split).is_file() and Path(now["manifest"]).is_file():
@@ -57,32 +62,63 @@ def changed_inputs(project: Project, key: RunKey) -> tuple[list[str], list[str]]
     return changes, rebuild
 
 
-def check_runs(project: Project, keys, target: str | Path) -> None:
-    """Refuse to build ``target`` from runs whose recorded inputs differ from the current files."""
-    stale, rebuild = {}, {}
+def changed_downstream(project: Project, result: str) -> list[str]:
+    """What changed since the downstream result ``result`` was made: its downstream dataset's manifest, when it is
+    here now and differs from the one the result recorded."""
+    key, task = paths.downstream_of(result)
+    recorded = read_json(result).get("inputs", {}).get("manifest_sha256")
+    manifest = project.downstream_config(key, task)["paths"]["manifest"]
+    if recorded and Path(manifest).is_file() and file_digest(manifest) != recorded:
+        return [f"{manifest} (SHA-256 {recorded[:12]}… when the result was made, {file_digest(manifest)[:12]}… now)"]
+    return []
+
+
+def check_runs(project: Project, keys, target: str | Path, downstream=()) -> None:
+    """Refuse to build ``target`` from runs (and ``downstream`` result files) whose recorded inputs differ from the
+    current files."""
+    stale, rebuild = {}, {}    # file to force (run metrics, downstream result) -> (its name, what changed); inputs to force first
     for key in dict.fromkeys(keys):
         manifest = paths.run_file(key, "run_manifest.json")
         if not Path(manifest).is_file():
             raise FileNotFoundError(f"{manifest} not found: {target} reads run {key.path}, whose run manifest records what "
-                                    f"it was made from; rebuild the run (snakemake {target} --forcerun "
-                                    f"{paths.run_file(key)}) or pull it (scripts/dvc-results.py pull)")
+                                    f"it was made from; rebuild the run ({rebuild_command(project, target, [paths.run_file(key)])}) "
+                                    f"or pull it (scripts/dvc-results.py pull)")
         changes, files = changed_inputs(project, key)
         if changes:
-            stale[key] = changes
+            stale[paths.run_file(key)] = (key.path, changes)
             rebuild.update(dict.fromkeys(files))
+    runs = len(stale)
+    for result in dict.fromkeys(map(str, downstream)):
+        if Path(result).is_file() and (changes := changed_downstream(project, result)):
+            stale[result] = (result, changes)
     if not stale:
         return
-    listed = "\n".join(f"  {key.path}: {'; '.join(changes)}" for key, changes in list(stale.items())[:10])
+    what = " and ".join(f"{n} {kind}" for n, kind in ((runs, "run(s)"), (len(stale) - runs, "downstream result(s)")) if n)
+    listed = "\n".join(f"  {name}: {'; '.join(changes)}" for name, changes in list(stale.values())[:10])
     more = f"\n  ... and {len(stale) - 10} more" if len(stale) > 10 else ""
-    files = [*rebuild, *(paths.run_file(key) for key in stale)]
-    raise StaleRuns(f"{target}: {len(stale)} run(s) were made from inputs that have changed since, so they cannot go into "
-                    f"it beside runs made from the current ones:\n{listed}{more}\nRebuild them from the current inputs:\n"
-                    f"    snakemake {target} --cores all --forcerun {' '.join(files)}")
+    files = [*rebuild, *stale]
+    raise StaleRuns(f"{target}: {what} were made from inputs that have changed since, so they cannot go into it "
+                    f"beside those made from the current ones:\n{listed}{more}\nRebuild them from the current inputs:\n"
+                    f"    {rebuild_command(project, target, files)}")
 
 
-def scorecard_runs(project: Project, paper: str) -> list[RunKey]:
-    """The runs behind a scorecard: those of every table of ``paper`` (or of every paper: ``all``)."""
+def rebuild_command(project: Project, target: str | Path, files) -> str:
+    """The Snakemake command that rebuilds ``files`` and then ``target``, naming this configuration's files (a demo
+    user's rebuild must not read the full configuration)."""
+    config = project.snakemake_config_args()
+    return f"snakemake {target} --cores all {config + ' ' if config else ''}--forcerun {' '.join(map(str, files))}"
+
+
+def check_inputs(project: Project, files, target: str | Path) -> None:
+    """:func:`check_runs` for a report that reads ``files``: the runs behind them and the downstream results among
+    them."""
+    files = list(map(str, files))
+    check_runs(project, runs_behind(files), target, [f for f in files if paths.downstream_of(f)])
+
+
+def scorecard_inputs(project: Project, paper: str) -> list[str]:
+    """The files behind a scorecard: those of every table of ``paper`` (or of every paper: ``all``)."""
     from .tables import table_inputs, table_item
 
-    return runs_behind(f for protocol, p, table in project.tables() if paper in ("all", p)
-                       for f in table_inputs(table_item(project, protocol, p, table)))
+    return list(dict.fromkeys(f for protocol, p, table in project.tables() if paper in ("all", p)
+                              for f in table_inputs(table_item(project, protocol, p, table))))

@@ -45,7 +45,7 @@ def seed_table(item: ReportItem, setting: str, method: str, column: str,
     return pd.concat(series, axis=1) if series else None
 
 
-@register_figure_kind("curves", inputs=run_inputs("history.csv"))
+@register_figure_kind("curves", inputs=run_inputs("history.csv"), reads=("metric", "eval"))
 def curves(item: ReportItem, out_png: Path) -> None:
     """Metric per round, one line per method (mean over seeds, band = ± std), one panel per setting."""
     from matplotlib.ticker import MaxNLocator
@@ -76,7 +76,7 @@ def curves(item: ReportItem, out_png: Path) -> None:
     plt.close(fig)
 
 
-@register_figure_kind("alignment_curves", inputs=run_inputs("history.csv"))
+@register_figure_kind("alignment_curves", inputs=run_inputs("history.csv"), reads=("metric", "eval"))
 def alignment_curves(item: ReportItem, out_png: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 

@@ -62,7 +62,7 @@ def _rounds_note(item: ReportItem) -> str:
     return "predictions: " + "; ".join(ROUND_RULES.get(r, r) for r in rules)
 
 
-@register_figure_kind("roc", inputs=INPUTS)
+@register_figure_kind("roc", inputs=INPUTS, reads=("eval",))
 def roc(item: ReportItem, out_png: Path) -> None:
     """Macro one-vs-rest ROC per method (mean TPR over seeds on a common FPR grid); legend: macro AUC."""
     fpr_grid = np.linspace(0.0, 1.0, int(item.options(("settings", "methods"), {"grid_points": 101})["grid_points"]))
@@ -85,7 +85,7 @@ def roc(item: ReportItem, out_png: Path) -> None:
     finish(fig, plt, item.title, f"macro one-vs-rest, mean over {len(item.seeds)} seeds; {_rounds_note(item)}", out_png)
 
 
-@register_figure_kind("dca", inputs=INPUTS)
+@register_figure_kind("dca", inputs=INPUTS, reads=("eval",))
 def dca(item: ReportItem, out_png: Path) -> None:
     """Decision curves: class-averaged net benefit vs threshold per method, treat-all and treat-none."""
     lo, hi, n = item.options(("settings", "methods"), {"thresholds": [0.01, 0.99, 100]})["thresholds"]
@@ -118,7 +118,7 @@ def dca(item: ReportItem, out_png: Path) -> None:
            out_png, legend_ax=axes[0])
 
 
-@register_figure_kind("reliability", inputs=INPUTS)
+@register_figure_kind("reliability", inputs=INPUTS, reads=("eval",))
 def reliability(item: ReportItem, out_png: Path) -> None:
     """Reliability diagrams: accuracy vs confidence in equal-width bins (seeds pooled), one panel per
     (setting, eval set, method), ECE (mean ± std over seeds) in the title."""
