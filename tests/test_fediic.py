@@ -183,6 +183,32 @@ def test_fedrs_fedlc_fedproc_pieces():
     assert got.item() == pytest.approx(L(1 + math.exp(-1.0)), rel=1e-6)  # cosines (1, 0), no temperature
 
 
+def test_fedproc_prototypes_do_not_depend_on_the_batching():
+    """A client's prototype is the mean of its class's features (RethinkFL models/fedproc.py
+    ``FedProc._train_net`` / ``agg_func``: the mean of the features its batches produced). Summed batch by
+    batch over a large client, an fp32 running sum drifts by about one rounding of the sum per batch;
+    the sums are kept in float64, so the mean is the exact one to fp32 rounding however it is batched."""
+    from types import SimpleNamespace
+
+    from fedrepro.methods.fedproc import FedProc
+
+    g = torch.Generator().manual_seed(0)
+    features = 1.0 + 0.1 * torch.rand(20000, 8, generator=g)
+    labels = torch.randint(0, 3, (20000,), generator=g)
+    exact = torch.stack([features[labels == c].double().mean(0) for c in range(3)])
+    got = {}
+    for batch in (10, 1000):
+        method = object.__new__(FedProc)
+        method.fed, method.seen = SimpleNamespace(num_classes=3), None
+        for start in range(0, len(labels), batch):
+            method.remember(features[start:start + batch], labels[start:start + batch])
+        means, counts = method.seen_prototypes()
+        assert means.dtype == torch.float32 and counts.tolist() == torch.bincount(labels).float().tolist()
+        assert (means.double() - exact).abs().max().item() <= 1.2e-7        # one fp32 rounding of values ~1.05
+        got[batch] = means
+    assert torch.equal(got[10], got[1000])
+
+
 def test_climb_weights_and_dual_step():
     assert climb_weights(torch.tensor([0.0, 1.0, 2.0])).tolist() == [0.0, 1.0, 2.0]
     new = climb_dual_step(torch.tensor([0.0, 0.0, 0.01]), torch.tensor([1.0, 2.0, 3.0]), eta=0.3, eps=0.1, lambda_max=5.0)
