@@ -125,21 +125,22 @@ class CLIMB(ModelAveraging):
         return rnd % self.params["dual_every"] == 0
 
     def local_update(self, client, message, rnd):
-        loss = self.global_loss(self.load_client_model(client, message), client) if self.measures(rnd) else None
+        loss = self.global_loss(self.load_client_model(client, message), client, rnd) if self.measures(rnd) else None
         update = super().local_update(client, message, rnd)
         if loss is not None:
             update.payload[self.LOSS] = torch.tensor([loss], dtype=torch.float64)
         return update
 
     @torch.no_grad()
-    def global_loss(self, model, client) -> float:
+    def global_loss(self, model, client, rnd: int) -> float:
         """f_k: the sum over the client's loss batches of their mean loss (``batch_sum``), or the mean
-        loss per example (``mean``)."""
+        loss per example (``mean``). Each measurement draws its own order and augmentations, like the
+        code's training loader, iterated again by every ``_evaluate``."""
         p = self.params
         batch_sum = p["client_loss"] == "batch_sum"
         size = max(1, len(client.train) // p["loss_batches"])
         total, n = 0.0, 0
-        with fixed_randomness(self.ctx.seed, "augment", "climb-loss", client.index):
+        with fixed_randomness(self.ctx.seed, "augment", "climb-loss", rnd, client.index):
             for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.compute, size,
                                            shuffle=True, train_mode=p["loss_mode"] == "train"):
                 losses = [F.cross_entropy(s, t, reduction="mean" if batch_sum else "sum") for s, t in out.objective]

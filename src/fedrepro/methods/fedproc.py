@@ -177,7 +177,7 @@ class FedProc(ModelAveraging):
         self.current = (protos.to(self.device), known.to(self.device)) if protos is not None else None
         self.seen = None
         update = super().local_update(client, message, rnd)
-        means, counts = self.seen_prototypes() if self.rethinkfl else self.local_prototypes(client)
+        means, counts = self.seen_prototypes() if self.rethinkfl else self.local_prototypes(client, rnd)
         update.payload.update({"fedproc.means": means, "fedproc.counts": counts})
         return update
 
@@ -207,9 +207,12 @@ class FedProc(ModelAveraging):
         return self.seen.means()
 
     @torch.no_grad()
-    def local_prototypes(self, client) -> tuple[torch.Tensor, torch.Tensor]:
+    def local_prototypes(self, client, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The trained model's class means over the client's training images, each round under new
+        augmentation draws (a training loader iterated again, as RethinkFL's prototypes come from the
+        round's training batches)."""
         sums = None
-        with fixed_randomness(self.ctx.seed, "augment", "fedproc-prototypes", client.index):
+        with fixed_randomness(self.ctx.seed, "augment", "fedproc-prototypes", rnd, client.index):
             for out, batch in outputs_over(self.family, self.work, client.train, self.ctx.train, self.compute):
                 r = self.family.project(self.work, out)
                 if sums is None:
