@@ -64,3 +64,45 @@ def test_bt_preparer_on_the_real_mri_files(demo_raw):
     assert set(manifest["class_name"]) == set(dataset("bt").classes)
     assert manifest.groupby("split").size().to_dict() == {"test": 4, "train": 13}
     assert isinstance(manifest, pd.DataFrame) and manifest["path"].str.startswith("demo_bt/Training/").sum() == 13
+
+
+def test_paper_protocol_encodes_with_the_authors_fp16_clip(demo_raw):
+    """The FACMIC and FAA-CLIP code encodes with CLIP as ``clip.load(name, device="cuda", jit=False)`` gives it
+    (AIPMLab/FACMIC and AIPMLab/FAA-CLIP ``nets/models.py::ClipModelat.__init__``; openai/CLIP ``clip/clip.py::load``
+    -> ``build_model`` -> ``clip/model.py::convert_weights``: fp16 weights on a GPU) and never converts the
+    frozen model back (``utils/training.py::train``, methods ``ours`` and ``fedclip``: ``encode_image(image).float()``,
+    ``get_text_features_list(...).float()``; only the fine-tuning loops call ``convert_models_to_fp32``). With
+    ``encoder.precision: fp16_weights`` the cache holds what that model computes, ``encode_image`` casting the
+    images to fp16 (``image.type(self.dtype)``), for the images and the prompts alike; the family that runs
+    the encoder on every batch computes the same features."""
+    from test_precision import authors_convert_weights
+
+    from fedrepro.config import model_schema, validate
+    from fedrepro.registry import model_class
+    from fedrepro.seeding import seed_global
+
+    spec = dataset("demo_bt")
+    manifest = prepare.prepare_dataset(spec, demo_raw)
+    half = {**TINY, "precision": "fp16_weights"}
+    n = len(manifest)
+    seed_global(0, "init")                   # as `fedrepro features` and the per-batch family's encoder
+    cache = encode_dataset(manifest, demo_raw, list(spec.classes), half, torch.device("cpu"), batch_size=n, progress=False)
+    seed_global(0, "init")
+    fp32 = encode_dataset(manifest, demo_raw, list(spec.classes), TINY, torch.device("cpu"), batch_size=n, progress=False)
+    seed_global(0, "init")
+    authors, preprocess, tokenizer = load_open_clip("fedrepro-tiny-clip", "none")
+    authors_convert_weights(authors)
+    transform = feature_transform("clip", 64, preprocess)
+    x = torch.stack([transform(load_rgb(demo_raw / p, spec_of(transform))) for p in manifest["path"]])
+    with torch.no_grad():
+        image = authors.encode_image(x.half()).float()
+        text = authors.encode_text(tokenizer([f"a picture of a {c}" for c in spec.classes])).float()
+    assert cache["precision"] == "fp16_weights" and fp32["precision"] == "fp32"
+    assert torch.equal(cache["image"], image) and torch.equal(cache["text"], text)
+    assert not torch.allclose(cache["image"], fp32["image"], atol=1e-4)          # fp16 arithmetic shows
+    assert torch.allclose(cache["image"], fp32["image"], rtol=0, atol=0.05 * fp32["image"].abs().max())
+
+    cfg = validate({"family": "clip_fam_images", "encoder": half}, model_schema("clip_fam_images"), "model")
+    family = model_class("clip_fam_images")(cfg, list(spec.classes), {})
+    assert torch.equal(family.image_features({"x": x}), cache["image"])
+    assert torch.equal(family.text, cache["text"])

@@ -183,6 +183,32 @@ def test_fedrs_fedlc_fedproc_pieces():
     assert got.item() == pytest.approx(L(1 + math.exp(-1.0)), rel=1e-6)  # cosines (1, 0), no temperature
 
 
+def test_fedproc_prototypes_do_not_depend_on_the_batching():
+    """A client's prototype is the mean of its class's features (RethinkFL models/fedproc.py
+    ``FedProc._train_net`` / ``agg_func``: the mean of the features its batches produced). Summed batch by
+    batch over a large client, an fp32 running sum drifts by about one rounding of the sum per batch;
+    the sums are kept in float64, so the mean is the exact one to fp32 rounding however it is batched."""
+    from types import SimpleNamespace
+
+    from fedrepro.methods.fedproc import FedProc
+
+    g = torch.Generator().manual_seed(0)
+    features = 1.0 + 0.1 * torch.rand(20000, 8, generator=g)
+    labels = torch.randint(0, 3, (20000,), generator=g)
+    exact = torch.stack([features[labels == c].double().mean(0) for c in range(3)])
+    got = {}
+    for batch in (10, 1000):
+        method = object.__new__(FedProc)
+        method.fed, method.seen = SimpleNamespace(num_classes=3), None
+        for start in range(0, len(labels), batch):
+            method.remember(features[start:start + batch], labels[start:start + batch])
+        means, counts = method.seen_prototypes()
+        assert means.dtype == torch.float32 and counts.tolist() == torch.bincount(labels).float().tolist()
+        assert (means.double() - exact).abs().max().item() <= 1.2e-7        # one fp32 rounding of values ~1.05
+        got[batch] = means
+    assert torch.equal(got[10], got[1000])
+
+
 def test_climb_weights_and_dual_step():
     assert climb_weights(torch.tensor([0.0, 1.0, 2.0])).tolist() == [0.0, 1.0, 2.0]
     new = climb_dual_step(torch.tensor([0.0, 0.0, 0.01]), torch.tensor([1.0, 2.0, 3.0]), eta=0.3, eps=0.1, lambda_max=5.0)
@@ -732,7 +758,7 @@ def test_climb_client_loss_options(demo_project):
     mean.server.eval()
     with torch.no_grad():
         logits = mean.family.forward(mean.server, {"x": x, "y": y}).logits
-    assert mean.global_loss(mean.server, client) == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
+    assert mean.global_loss(mean.server, client, 0) == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
     defaults = _method(demo_project, "climb").params
     assert {k: defaults[k] for k in ("lambda_max", "loss_batches", "dual_every", "loss_mode", "client_loss")} == \
         {"lambda_max": 100.0, "loss_batches": 5, "dual_every": 5, "loss_mode": "train", "client_loss": "batch_sum"}
@@ -798,6 +824,62 @@ def test_fediic_fresh_difficulty_views_differ_from_the_fixed_ones(demo_project):
     fresh = [method.client_class_losses(client, rnd)[0] for rnd in (1, 2)]
     assert torch.equal(fixed[0], fixed[1])
     assert not torch.allclose(fresh[0], fixed[0]) and not torch.allclose(fresh[0], fresh[1])
+
+
+def test_passes_over_training_data_draw_new_augmentations_every_round(demo_project, monkeypatch):
+    """The official loaders are iterated again with fresh shuffles and augmentations at every pass:
+    CLIMB's f_k (shenzebang/Federated-Learning-Pytorch ``utils/general_utils.py::_evaluate`` over the
+    client's shuffled training loader, no seed per pass), PRR-Imb's train F1 (CityU-AIM-Group/PRR-Imbalance
+    ``local_train.py::DET``: ``test`` over the shuffled, augmented ``train_loader``, once per model) and
+    FedProc's prototypes (no official code; RethinkFL ``models/fedproc.py::FedProc._train_net`` takes them
+    from the round's training batches). So a round's pass differs from another round's, and from the
+    other model's pass in PRR's round, while a rerun of the same round is the same."""
+    import fedrepro.methods.climb as climb_module
+    import fedrepro.methods.fedproc as fedproc_module
+    import fedrepro.methods.prr_imb as prr_module
+
+    seen = []
+
+    def recording(outputs_over):
+        def wrapped(*args, **kwargs):
+            for out, batch in outputs_over(*args, **kwargs):
+                seen.append(batch["x"].clone())
+                yield out, batch
+        return wrapped
+
+    def views(run) -> torch.Tensor:
+        seen.clear()
+        run()
+        return torch.cat(seen)
+
+    class Noisy:                                     # each item its own random view of its image
+        def __init__(self, data):
+            self.data, self.labels = data, data.labels
+
+        def __len__(self):
+            return len(self.data)
+
+        def __getitem__(self, i):
+            item = self.data[i]
+            return {**item, "x": item["x"] + torch.randn_like(item["x"])}
+
+    for module in (climb_module, fedproc_module, prr_module):
+        monkeypatch.setattr(module, "outputs_over", recording(module.outputs_over))
+    climb, fedproc, prr = (_method(demo_project, name) for name in ("climb", "fedproc", "prr_imb"))
+    passes = {
+        "climb": lambda rnd: lambda: climb.global_loss(climb.server, client, rnd),
+        "fedproc": lambda rnd: lambda: fedproc.local_prototypes(client, rnd),
+        "prr_imb": lambda rnd: lambda: prr.train_f1(prr.work, client, rnd, "personal"),
+    }
+    for name, method in (("climb", climb), ("fedproc", fedproc), ("prr_imb", prr)):
+        client = method.fed.clients[0]
+        client.train = Noisy(client.train)
+        first, second, again = (views(passes[name](rnd)) for rnd in (1, 2, 1))
+        assert not torch.allclose(first, second), name
+        assert torch.equal(first, again), name
+    client = prr.fed.clients[0]
+    deputy = views(lambda: prr.train_f1(prr.deputy, client, 1, "deputy"))
+    assert not torch.allclose(deputy, views(passes["prr_imb"](1)))
 
 
 # ---- the demo config end to end -------------------------------------------------------------------------

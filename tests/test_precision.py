@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from fedrepro.config import load_project
 from fedrepro.device import (
     Compute,
     full_precision,
@@ -365,3 +366,39 @@ def test_paper_protocol_computes_at_the_authors_precision():
             expected = "fp16_weights" if method in fp16_rows.get(paper, ()) else "fp32"
             assert proj.train_config(paper, setting, method, "paper")["precision"] == expected, (paper, method)
             assert proj.train_config(paper, setting, method, "clean")["precision"] == "auto", (paper, method)
+
+
+def test_paper_protocol_encodes_with_the_authors_fp16_frozen_clip():
+    """FACMIC's and FAA-CLIP's frozen CLIP is ``clip.load``'s on a GPU, fp16 (AIPMLab/FACMIC and AIPMLab/FAA-CLIP
+    ``nets/models.py::ClipModelat``; openai/CLIP ``clip/model.py::convert_weights``), and their FAM and FedCLIP
+    loops (``utils/training.py::train``) never convert it to fp32. Under ``paper`` every family that keeps
+    CLIP frozen outside the trained model (cached features, and the image-path twins) encodes with it; the
+    paper protocol's feature caches are their own (``-fp16w``), the clean protocol's keep their keys; the
+    families that train CLIP have no such setting (their ``train.precision`` is the authors')."""
+    from parity.harness import ROOT
+
+    from fedrepro.models.encoders import frozen_encoder_precision
+
+    proj = load_project([ROOT / "config/config.yaml"], {"protocols": ["clean", "paper"]}, root=ROOT)
+    frozen = {"clip_fam", "clip_adapter", "clip_fam_images", "clip_adapter_images"}
+    for paper in ("facmic", "faa_clip"):
+        setting = next(iter(proj.papers[paper]["settings"]))
+        for method in proj.papers[paper]["methods"]:
+            for protocol, expected in (("paper", "fp16_weights"), ("clean", "fp32")):
+                model = proj.train_config(paper, setting, method, protocol)["model"]
+                want = expected if model["family"] in frozen else None
+                assert frozen_encoder_precision(model) == want, (paper, method, protocol)
+    caches = {"clean": set(), "paper": set()}
+    for key in proj.runs():
+        run = proj.run_config(key)
+        if key.paper in ("facmic", "faa_clip") and run["features"]:
+            caches[key.protocol].add(run["paths"]["features"])
+            half = run["features"]["encoder"].get("precision") == "fp16_weights"
+            assert half == (key.protocol == "paper") == ("-fp16w-" in run["features"]["key"]), key
+            assert proj.features()[(run["dataset"], run["features"]["key"])]["encoder"] == run["features"]["encoder"]
+    assert caches["paper"] and caches["clean"] and not caches["paper"] & caches["clean"]
+    # the clean protocol's caches are those of before the frozen encoder had a precision
+    assert {"resources/features/bt/ViT-B-16-openai-clip-96f10f.pt",
+            "resources/features/officehome/ViT-B-32-openai-resize_imagenet-224px-a37dfa.pt"} <= caches["clean"]
+    twin = proj.run_config(proj.run_key("faa_clip", "sc", "faa_clip_images", 0, "paper"))
+    assert twin["train"]["model"]["encoder"]["precision"] == "fp16_weights" and twin["features"] is None

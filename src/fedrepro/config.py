@@ -549,7 +549,9 @@ class Project:
         size = f"-{enc['image_size']}px" if enc.get("image_size") else ""
         tag = re.sub(r"[^A-Za-z0-9.]+", "_", Path(enc["pretrained"]).stem if "/" in enc["pretrained"] else enc["pretrained"])
         full = "" if draft else "-full"   # images decoded without JPEG DCT scaling
-        return f"{enc['name']}-{tag}-{enc['preprocess']}{size}{full}-{hash_obj(enc, 6)}"
+        # the encoder's precision, where it is not fp32 (the hash holds it too; an fp32 spec's key is as before)
+        half = "-fp16w" if enc.get("precision", "fp32") == "fp16_weights" else ""
+        return f"{enc['name']}-{tag}-{enc['preprocess']}{size}{full}{half}-{hash_obj(enc, 6)}"
 
     def features(self) -> dict[tuple[str, str], dict]:
         """(dataset, features key) -> {"encoder": spec, "jpeg_draft": bool}, for every feature cache some run needs."""

@@ -3,7 +3,8 @@
 For methods that train only small modules on top of a frozen CLIP image encoder with deterministic
 preprocessing (FACMIC, FAA-CLIP, FedCLIP), encoding each image once is exactly what re-encoding it
 every batch computes (docs/papers/facmic.md). The cache is keyed by the encoder (name, weights, preprocessing,
-prompt) and also holds the text features of every class prompt. Unreadable images never get here:
+prompt, and its precision where it is not fp32: ``encoder.precision: fp16_weights``, the paper protocol's
+CLIP as the authors' ``clip.load`` held it) and also holds the text features of every class prompt. Unreadable images never get here:
 the prepare step decodes every image once and stops (or drops and reports them).
 """
 
@@ -26,7 +27,10 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
     """Encode every manifest row once; images are decoded at the preprocessing's own size
     (:mod:`fedrepro.data.decode`; JPEG DCT scaling if ``draft``) by ``workers`` loader processes
     while the encoder runs. ``precision`` (:mod:`fedrepro.device`) of the image tower's forward pass:
-    fp32 by default, since the cache is computed once per dataset and is what every run on it reads."""
+    fp32 by default, since the cache is computed once per dataset and is what every run on it reads.
+    An encoder spec with ``precision: fp16_weights`` is the fp16 CLIP of OpenAI's ``clip.load`` instead
+    (:func:`fedrepro.models.encoders.set_frozen_precision`): images and prompts are encoded in fp16, as
+    the FACMIC and FAA-CLIP code encodes them, and ``precision`` must stay fp32."""
     from dataclasses import replace
 
     import numpy as np
@@ -36,10 +40,14 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
     from .data.images import ManifestImages
     from .data.loader import batches
     from .device import Compute, resolve_precision
-    from .models.encoders import encoder_transform, load_open_clip
+    from .models.encoders import encoder_transform, image_input, load_open_clip, set_frozen_precision
 
+    frozen = encoder.get("precision", "fp32")
+    if frozen != "fp32" and precision != "fp32":
+        raise ValueError(f"encoder.precision {frozen} fixes the encoder's numbers; precision must be fp32, not {precision}")
     compute = Compute(device, resolve_precision(precision, device))
     model, clip_preprocess, tokenizer = load_open_clip(encoder["name"], encoder["pretrained"], device=str(device))
+    set_frozen_precision(model, encoder)
     transform = encoder_transform(encoder, model, clip_preprocess)
 
     text = encode_prompts(model, tokenizer, encoder["prompt"], class_names, device)
@@ -50,7 +58,7 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
     bar = tqdm(total=len(paths), desc="encoding images", unit="img", disable=not progress)
     for batch in batches(images, batch_size, shuffle=False, num_workers=workers):
         with compute.autocast():
-            feats.append(model.encode_image(compute.batch(batch)["x"]).float().cpu())
+            feats.append(model.encode_image(image_input(model, compute.batch(batch)["x"])).float().cpu())
         bar.update(len(batch["x"]))
     bar.close()
     return {
@@ -60,7 +68,7 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
         "paths": paths,
         "class_names": list(class_names),
         "encoder": dict(encoder),
-        "precision": compute.precision,
+        "precision": frozen if frozen != "fp32" else compute.precision,
     }
 
 

@@ -55,12 +55,16 @@ def device_info(device) -> dict:
 
 def run_variant(run: dict, *, precision: str, dataset_options: dict, split_file: dict, class_texts: list[str]) -> dict:
     """Which variant of the data and arithmetic a run used, the same record for every paper: the precision it
-    computed in (resolved on its hardware), whether large JPEGs were DCT-scaled, the dataset and its
+    computed in (resolved on its hardware), that of its frozen CLIP encoder (None without one), whether
+    large JPEGs were DCT-scaled, the dataset and its
     declaration's options (e.g. de-duplicated sources or not), the split (id, spec and seed), and the class
     texts its prompts said (a CLIP method's classifier; the SHA-256 of their JSON list, and the texts)."""
+    from .models.encoders import frozen_encoder_precision
+
     texts = list(class_texts)
     return {
         "precision": precision,
+        "encoder_precision": frozen_encoder_precision(run["train"]["model"]),
         "jpeg_draft": run.get("jpeg_draft"),
         "dataset": {"name": run["dataset"], "options": dict(dataset_options)},
         "split": {"id": run.get("split_id"), "spec": split_file.get("spec"), "seed": split_file.get("seed")},

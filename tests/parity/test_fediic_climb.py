@@ -34,11 +34,12 @@ ETA, EPS, LAMBDA_MAX, BLOCK = 0.1, 0.1, 100.0, 5
 
 
 @torch.no_grad()
-def evaluate_loss(run, model, client) -> float:
+def evaluate_loss(run, model, client, rnd: int) -> float:
     """``_evaluate`` on client k's loader: sum of batch-mean CE, batches of n_k // 5, train mode. The order
-    and the items' draws are the project's loader's (plumbing), keyed by (seed, "augment", "climb-loss", k)."""
+    and the items' draws are the project's loader's (plumbing), new at every measurement like the code's
+    loader's: keyed by (seed, "augment", "climb-loss", round, k)."""
     model = copy.deepcopy(model).train()
-    seed_global(run["seed"], "augment", "climb-loss", client.index)
+    seed_global(run["seed"], "augment", "climb-loss", rnd, client.index)
     order = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,)).item()))
     total = 0.0
     for batch in batches(client.train, len(client.train) // 5, shuffle=True, generator=order):
@@ -49,7 +50,7 @@ def evaluate_loss(run, model, client) -> float:
 def test_first_rounds_match_the_specification(tmp_path):
     """Rounds 0 and 1 of the first block: f_k measured on the initial model, uniform weights, no dual step yet."""
     run, fed, server, driven = drive_tiny("climb", tmp_path, rounds=2)
-    losses = {c.name: evaluate_loss(run, server, c) for c in fed.clients}
+    losses = {c.name: evaluate_loss(run, server, c, 0) for c in fed.clients}
     for rnd in range(2):
         models, _ = local_models(run, fed, server, cross_entropy, rnd, ADAM)
         server = averaged(server, [m.state_dict() for m in models], [1.0] * len(models))
@@ -72,7 +73,7 @@ def test_weights_follow_the_code_on_a_known_sequence_of_losses(tmp_path):
     recorded, measured = [], {c.name: 0 for c in fed.clients}
 
     def observe(method):
-        def known_loss(model, client):
+        def known_loss(model, client, rnd):
             measured[client.name] += 1
             return LOSSES[measured[client.name] - 1][client.index]
 

@@ -28,9 +28,14 @@ of batch size n_k // 5 (``utils/data_utils.py::make_dataloader``, ``client_step_
 batch's statistics, dropout on; nothing calls eval()). So f_k is about 5 x the mean loss: ``batch_sum``
 (default); ``mean`` = the mean loss per example (the paper's f_k). ``loss_mode: eval`` measures in eval
 mode instead. The measurement changes no model: the BatchNorm statistics the train-mode pass
-updates are restored (the code's pass updates the global model's running statistics in place before
-its next 5 rounds). lambda_max = 100 (the code since its commit "Update the maximum dual variable for
-CLIMB"; 5 before).
+updates are restored, which is the code's behaviour in effect. With ``--use_ray`` (passed by
+``run_experiment.sh`` and by every README command that gives flags; the README says the code uses ray
+for multi-GPU runs) ``FedAlgorithm.clients_evaluate`` (``api.py``) hands the model to ``_evaluate_ray``,
+which evaluates a serialized copy in a ray worker, and the copy's BatchNorm updates are lost; without
+it, ``_evaluate`` updates the global model's running statistics in place, but nothing in the code reads
+them (no module is ever put in eval mode; its test evaluation also runs in train mode).
+
+lambda_max = 100 (the code since its commit "Update the maximum dual variable for CLIMB"; 5 before).
 
 FedIIC uses (eta_d, eps) = (0.1, 0.1) for ISIC/ICH and (0.01, 0.1) for Real. The base weights are the
 train block's ``aggregation.weights``: CLIMB's objective is the uniform client mean, so the
@@ -120,21 +125,22 @@ class CLIMB(ModelAveraging):
         return rnd % self.params["dual_every"] == 0
 
     def local_update(self, client, message, rnd):
-        loss = self.global_loss(self.load_client_model(client, message), client) if self.measures(rnd) else None
+        loss = self.global_loss(self.load_client_model(client, message), client, rnd) if self.measures(rnd) else None
         update = super().local_update(client, message, rnd)
         if loss is not None:
             update.payload[self.LOSS] = torch.tensor([loss], dtype=torch.float64)
         return update
 
     @torch.no_grad()
-    def global_loss(self, model, client) -> float:
+    def global_loss(self, model, client, rnd: int) -> float:
         """f_k: the sum over the client's loss batches of their mean loss (``batch_sum``), or the mean
-        loss per example (``mean``)."""
+        loss per example (``mean``). Each measurement draws its own order and augmentations, like the
+        code's training loader, iterated again by every ``_evaluate``."""
         p = self.params
         batch_sum = p["client_loss"] == "batch_sum"
         size = max(1, len(client.train) // p["loss_batches"])
         total, n = 0.0, 0
-        with fixed_randomness(self.ctx.seed, "augment", "climb-loss", client.index):
+        with fixed_randomness(self.ctx.seed, "augment", "climb-loss", rnd, client.index):
             for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.compute, size,
                                            shuffle=True, train_mode=p["loss_mode"] == "train"):
                 losses = [F.cross_entropy(s, t, reduction="mean" if batch_sum else "sum") for s, t in out.objective]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..device import fp32, full_precision
+from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..models.families import cross_entropy_over
 from ..registry import register_method
@@ -92,6 +92,26 @@ def client_mean_prototypes(means: list[torch.Tensor], counts: list[torch.Tensor]
     holders = has.sum(0)
     summed = (torch.stack(means) * has[:, :, None]).sum(0)
     return summed / holders.clamp_min(1.0)[:, None], holders > 0
+
+
+class ClassSums:
+    """Per-class sums and counts of feature vectors, accumulated in float64 (fp32 where the device has no
+    float64, e.g. MPS) and returned as fp32 means: a client's prototype is the mean of thousands of
+    features added batch by batch, and an fp32 running sum loses about one rounding of the sum per batch,
+    so the mean would depend on the number and order of the batches rather than on the features alone."""
+
+    def __init__(self, classes: int, dim: int, device: torch.device):
+        dtype = torch.float32 if torch.device(device).type == "mps" else torch.float64
+        self.sums = torch.zeros(classes, dim, device=device, dtype=dtype)
+        self.counts = torch.zeros(classes, device=device, dtype=dtype)
+
+    def add(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        self.sums.index_add_(0, labels, features.to(self.sums.dtype))
+        self.counts += torch.bincount(labels, minlength=len(self.counts)).to(self.counts.dtype)
+
+    def means(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(class means in fp32, class counts in fp32); a class without features has a zero mean."""
+        return (self.sums / self.counts.clamp_min(1.0)[:, None]).float(), self.counts.float()
 
 
 FEDPROC_PARAMS = {
@@ -157,7 +177,7 @@ class FedProc(ModelAveraging):
         self.current = (protos.to(self.device), known.to(self.device)) if protos is not None else None
         self.seen = None
         update = super().local_update(client, message, rnd)
-        means, counts = self.seen_prototypes() if self.rethinkfl else self.local_prototypes(client)
+        means, counts = self.seen_prototypes() if self.rethinkfl else self.local_prototypes(client, rnd)
         update.payload.update({"fedproc.means": means, "fedproc.counts": counts})
         return update
 
@@ -179,30 +199,26 @@ class FedProc(ModelAveraging):
     @torch.no_grad()
     def remember(self, features: torch.Tensor, labels: torch.Tensor) -> None:
         """rethinkfl: add the batch's features (as trained on, before the step) to the round's class sums."""
-        features = fp32(features.detach())
         if self.seen is None:
-            self.seen = (torch.zeros(self.fed.num_classes, features.shape[1], device=features.device),
-                         torch.zeros(self.fed.num_classes, device=features.device))
-        sums, counts = self.seen
-        sums.index_add_(0, labels, features)
-        counts += torch.bincount(labels, minlength=self.fed.num_classes).float()
+            self.seen = ClassSums(self.fed.num_classes, features.shape[1], features.device)
+        self.seen.add(features.detach(), labels)
 
     def seen_prototypes(self) -> tuple[torch.Tensor, torch.Tensor]:
-        sums, counts = self.seen
-        return sums / counts.clamp_min(1.0)[:, None], counts
+        return self.seen.means()
 
     @torch.no_grad()
-    def local_prototypes(self, client) -> tuple[torch.Tensor, torch.Tensor]:
-        num = self.fed.num_classes
-        sums, counts = None, torch.zeros(num, device=self.device)
-        with fixed_randomness(self.ctx.seed, "augment", "fedproc-prototypes", client.index):
+    def local_prototypes(self, client, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The trained model's class means over the client's training images, each round under new
+        augmentation draws (a training loader iterated again, as RethinkFL's prototypes come from the
+        round's training batches)."""
+        sums = None
+        with fixed_randomness(self.ctx.seed, "augment", "fedproc-prototypes", rnd, client.index):
             for out, batch in outputs_over(self.family, self.work, client.train, self.ctx.train, self.compute):
                 r = self.family.project(self.work, out)
                 if sums is None:
-                    sums = torch.zeros(num, r.shape[1], device=self.device)
-                sums.index_add_(0, batch["y"], r)
-                counts += torch.bincount(batch["y"], minlength=num).float()
-        return sums / counts.clamp_min(1.0)[:, None], counts
+                    sums = ClassSums(self.fed.num_classes, r.shape[1], r.device)
+                sums.add(r, batch["y"])
+        return sums.means()
 
     def aggregate(self, updates, rnd):
         means, counts = [], []

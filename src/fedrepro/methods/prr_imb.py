@@ -289,7 +289,7 @@ class PRRImb(ModelAveraging):
         personal, deputy = self.work, self.deputy
         personal.load_state_dict(st["personal"])
         deputy.load_state_dict(st["deputy"])
-        stage = EXCHANGE if self.single_pass() else self.stage_for(client, st)   # the code's wk_iters < 2: mutual
+        stage = EXCHANGE if self.single_pass() else self.stage_for(client, st, rnd)   # the code's wk_iters < 2: mutual
         weight = self.class_weights(st, rnd)
         opt_p = make_optimizer(personal.parameters(), train["optimizer"])
         opt_d = make_optimizer(deputy.parameters(), train["optimizer"])
@@ -337,18 +337,20 @@ class PRRImb(ModelAveraging):
         local = self.ctx.train["local"]
         return "steps" in local or local.get("epochs", 1) == 1
 
-    def stage_for(self, client, st) -> int:
+    def stage_for(self, client, st, rnd: int) -> int:
         previous = 0 if self.params["reset_stage"] else st["stage"]
         if previous == 0:
             return RECOVER                       # no F1 needed to start
-        f1_p = self.train_f1(self.work, client)
-        f1_d = self.train_f1(self.deputy, client)
+        f1_p = self.train_f1(self.work, client, rnd, "personal")
+        f1_d = self.train_f1(self.deputy, client, rnd, "deputy")
         return det_stage(previous, f1_d, f1_p, self.params["alpha1"], self.params["alpha2"])
 
     @torch.no_grad()
-    def train_f1(self, model, client) -> float:
+    def train_f1(self, model, client, rnd: int, role: str) -> float:
+        """Macro-F1 on the client's training data. The code (local_train.py::DET) runs ``test`` over the
+        shuffled, augmented ``train_loader`` once per model every round: each pass its own draws."""
         preds, labels = [], []
-        with fixed_randomness(self.ctx.seed, "augment", "prr-f1", client.index):
+        with fixed_randomness(self.ctx.seed, "augment", "prr-f1", rnd, client.index, role):
             for out, batch in outputs_over(self.family, model, client.train, self.ctx.train, self.compute):
                 preds.append(out.logits.argmax(1).cpu())
                 labels.append(batch["y"].cpu())

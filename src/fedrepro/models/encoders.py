@@ -61,6 +61,22 @@ ENCODER_SCHEMA = {   # train.model.encoder of the CLIP families
 }
 
 
+FROZEN_ENCODER_SCHEMA = {   # train.model.encoder of the families that keep CLIP frozen outside the trained model
+    **ENCODER_SCHEMA,
+    "properties": {
+        **ENCODER_SCHEMA["properties"],
+        "precision": {
+            "description": "the frozen encoder's numbers: fp32, or fp16_weights = CLIP as OpenAI's clip.load gives it on "
+                           "a GPU (clip.model.convert_weights: the weights and biases of every convolution, linear and "
+                           "attention projection and the proj / text_projection matrices in fp16; the images cast to "
+                           "fp16, the forward pass in fp16, LayerNorm in fp32), what the FACMIC and FAA-CLIP code "
+                           "encodes with. Unset = fp32 (and the encoder spec, so its feature cache, as it was).",
+            "enum": ["fp32", "fp16_weights"],
+        },
+    },
+}
+
+
 def _open_clip():
     import open_clip
 
@@ -115,6 +131,49 @@ def shallow_config(open_clip, name: str) -> dict:
     return towers
 
 
+def set_frozen_precision(model, encoder: dict):
+    """``model`` (just loaded, fp32) with the numbers of ``encoder["precision"]``, in place: under
+    ``fp16_weights`` the parameters OpenAI's ``clip.model.convert_weights`` halves
+    (:func:`fedrepro.device.fp16_weight_parameters`) are stored in fp16, so the model computes in fp16 as
+    ``clip.load(name, device="cuda")``'s does (true fp16 arithmetic on the CPU too: torch has fp16 kernels
+    there; they accumulate differently from a GPU's, as fp32 ones do). Feed it :func:`image_input`."""
+    from . import composite
+
+    precision = encoder.get("precision", "fp32")
+    if precision == "fp32":
+        return model
+    if precision != "fp16_weights":
+        raise ValueError(f"encoder.precision: {precision!r} is not one of fp32, fp16_weights")
+    if composite.config(encoder["name"]) is not None:
+        raise ValueError(f"encoder.precision: fp16_weights is how clip.load holds OpenAI's CLIP models; "
+                         f"{encoder['name']} is a composite CLIP (keep it fp32)")
+    from ..device import fp16_weight_parameters
+
+    for p in fp16_weight_parameters(model):
+        p.data = p.data.half()
+    return model
+
+
+def frozen_encoder_precision(model: dict) -> str | None:
+    """The precision of the frozen CLIP of a ``train.model`` config (``encoder.precision``, fp32 unless set);
+    None for a family whose encoder spec has no precision (no frozen CLIP, or one trained with the model)."""
+    from ..registry import MODELS
+
+    encoder = MODELS.get(model["family"])["schema"]["properties"].get("encoder") or {}
+    if "precision" not in encoder.get("properties", {}):
+        return None
+    return (model.get("encoder") or {}).get("precision", "fp32")
+
+
+def image_input(model, x):
+    """Images as the frozen ``model`` takes them: in the dtype of its first convolution (fp16 for an
+    fp16 CLIP, as OpenAI's ``encode_image`` casts them: ``image.type(self.dtype)``), else unchanged."""
+    import torch
+
+    conv = next((m for m in model.visual.modules() if isinstance(m, torch.nn.Conv2d)), None)
+    return x if conv is None else x.to(conv.weight.dtype)
+
+
 _FROZEN: dict[tuple, tuple] = {}
 _BUILD_DEVICE = ["cpu"]
 
@@ -144,12 +203,12 @@ def frozen_clip(encoder: dict, device: str | None = None):
     from .depth import current_limit
 
     device = device or _BUILD_DEVICE[-1]
-    key = (encoder["name"], encoder["pretrained"], device, current_limit())
+    key = (encoder["name"], encoder["pretrained"], encoder.get("precision", "fp32"), device, current_limit())
     if key not in _FROZEN:
         with kept_rng_state():
             seed_global(0, "init")
             model, preprocess, tokenizer = load_open_clip(encoder["name"], encoder["pretrained"], device=device)
-        _FROZEN[key] = (model.requires_grad_(False), preprocess, tokenizer)
+        _FROZEN[key] = (set_frozen_precision(model, encoder).requires_grad_(False), preprocess, tokenizer)
     return _FROZEN[key]
 
 

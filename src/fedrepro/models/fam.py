@@ -31,7 +31,7 @@ from torch import nn
 
 from ..registry import register_model
 from .decoding import clip_specs
-from .encoders import ENCODER_SCHEMA
+from .encoders import FROZEN_ENCODER_SCHEMA
 from .families import ClipOnFeatures, ClipOnImages
 from .weights import clip_weights
 
@@ -79,7 +79,7 @@ class FeatureAttention(nn.Module):
 
 
 CLIP_FAM_PARAMS = {
-    "encoder": ENCODER_SCHEMA,
+    "encoder": FROZEN_ENCODER_SCHEMA,
     "variant": {
         "description": "fea1 = L1+L5, fea2 = L1+L2+L5, fea3 = L1+L2+L3+L5, fea4 = L1+L3+L4+L5, fea5 = all (L1 "
                        "Linear, L2 BN, L3 LeakyReLU, L4 Linear, L5 Softmax); deeper = "

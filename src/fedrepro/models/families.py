@@ -22,7 +22,7 @@ from ..device import fp32, full_precision
 from ..registry import register_model
 from . import encoders
 from .decoding import classifier_specs, clip_specs
-from .encoders import ENCODER_SCHEMA
+from .encoders import FROZEN_ENCODER_SCHEMA
 from .weights import clip_weights, timm_weights
 
 
@@ -147,7 +147,7 @@ class ClipAdapter(nn.Module):
 
 
 CLIP_ADAPTER_PARAMS = {
-    "encoder": ENCODER_SCHEMA,
+    "encoder": FROZEN_ENCODER_SCHEMA,
     "hidden": {"type": "integer", "minimum": 1, "description": "adapter width (default: feature dim)"},
     "logit_scale": {"type": "number", "exclusiveMinimum": 0, "default": 100.0},
 }
@@ -184,7 +184,7 @@ class ClipOnImages:
 
     @torch.no_grad()
     def image_features(self, batch: dict) -> torch.Tensor:
-        return self.encoder.encode_image(batch["x"]).float()
+        return self.encoder.encode_image(encoders.image_input(self.encoder, batch["x"])).float()
 
     def eval_transform(self):
         return encoders.encoder_transform(self.cfg["encoder"], self.encoder, self.preprocess)
