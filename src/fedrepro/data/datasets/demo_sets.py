@@ -133,6 +133,39 @@ register_dataset(DatasetSpec(
 
 
 register_dataset(DatasetSpec(
+    name="evidence_fashion",
+    materialise="demo_fashion",
+    title="Fashion-MNIST training images 2,000-2,999 of each class (10,000, written as PNG; no other offline dataset "
+          "holds them): the evidence run's larger class-imbalanced stand-in is cut from it",
+    classes=FASHION_CLASSES,
+    sources=(Source("debian_package", "dataset-fashion-mnist",
+                    note="/usr/share/datasets/fashion-mnist/*-idx?-ubyte.gz"),),
+    layout="train/<class>/<index>.png",
+    prepare="class_folders",
+    access="bundled",
+    homepage="https://github.com/zalandoresearch/fashion-mnist",
+    used_by=("evidence",),
+    expected_files=("train",),
+    options={"train_per_class": 1000, "first_image": 2000},
+))
+
+
+register_dataset(DatasetSpec(
+    name="evidence_fashion_lt",
+    title="Long-tailed subset of evidence_fashion (class c keeps floor(1000 * 20^(-c/9)) images, 3,405 in all): the "
+          "evidence run's stand-in for FedIIC's ISIC, enough images per client for local epochs of some length",
+    classes=FASHION_CLASSES,
+    sources=(Source("debian_package", "dataset-fashion-mnist", note="derived from evidence_fashion"),),
+    layout="(derived from the evidence_fashion manifest)",
+    prepare="long_tail_subset",
+    access="bundled",
+    used_by=("evidence",),
+    depends_on=("evidence_fashion",),
+    options={"source": "evidence_fashion", "imbalance_ratio": 20.0, "max_per_class": 1000, "seed": 0},
+))
+
+
+register_dataset(DatasetSpec(
     name="demo_digits_lt",
     title="Long-tailed subset of scikit-learn's digits (class c keeps floor(60 * 20^(-c/9)) images, 201 in all): "
           "an offline class-imbalanced demo",
