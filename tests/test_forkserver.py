@@ -36,6 +36,23 @@ def test_same_output_same_errors(tmp_path, forkserver):
     assert not (tmp_path / "bad.json").exists()
 
 
+def test_a_job_with_its_log_runs_in_the_server(tmp_path, forkserver):
+    """Every rule runs `fedrepro --log <log> <command> ...`: the global option comes first, and the command still
+    goes to the server (a forked child writes the log's attempt header, not the client process)."""
+    manifest = pd.DataFrame({"path": ["a.png", "b.png"], "label": [0, 1], "class_name": ["c0", "c1"], "source": "", "split": ""})
+    write_manifest(tmp_path / "m.csv", manifest)
+    args = ["split", "--dataset", "demo_digits", "--manifest", str(tmp_path / "m.csv"), "--spec",
+            json.dumps({"kind": "iid", "clients": 2, "ratios": {"train": 1.0}}), "--seed", "0"]
+    for name, env in (("served", dict(os.environ, FEDREPRO_FORKSERVER=str(forkserver))),
+                      ("local", {k: v for k, v in os.environ.items() if k != "FEDREPRO_FORKSERVER"})):
+        log = tmp_path / f"{name}.log"
+        proc = subprocess.Popen([sys.executable, "-m", "fedrepro.cli", "--log", str(log), *args, "--out",
+                                 str(tmp_path / f"{name}.json")], env=env)
+        assert proc.wait(timeout=300) == 0
+        header = log.read_text().splitlines()[0]
+        assert (f"(pid {proc.pid})" in header) == (name == "local"), (name, header)
+
+
 def test_unreachable_server_falls_back_to_running_locally(tmp_path):
     manifest = pd.DataFrame({"path": ["a.png", "b.png"], "label": [0, 1], "class_name": ["c0", "c1"], "source": "", "split": ""})
     write_manifest(tmp_path / "m.csv", manifest)

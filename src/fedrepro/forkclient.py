@@ -16,7 +16,7 @@ from pathlib import Path
 
 ENV_VAR = "FEDREPRO_FORKSERVER"
 SERVED_COMMANDS = {"download", "prepare", "split", "image-cache", "features", "train", "embed", "table", "figure",
-                   "scorecard", "downstream"}
+                   "scorecard", "evidence", "downstream"}
 _HEADER = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 _KILLED_BY_CLIENT_LOSS = 137
@@ -40,10 +40,19 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return chunks
 
 
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand of ``fedrepro [-v] [--log FILE] <command> ...``: global options come before it (every rule
+    passes ``--log``)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] == "--log" else 1
+    return argv[i] if i < len(argv) else None
+
+
 def run_via_server(argv: list[str]) -> int | None:
     """Run ``fedrepro <argv>`` in a child of the fork-server; None if no server is usable."""
     path = os.environ.get(ENV_VAR)
-    if not path or not argv or argv[0] not in SERVED_COMMANDS or not Path(path).exists():
+    if not path or command_of(argv) not in SERVED_COMMANDS or not Path(path).exists():
         return None
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
