@@ -741,8 +741,8 @@ class Project:
 
 class Overlay:
     """A paper file over another (``base:``; workflow/schemas/overlay.schema.yaml): the base file's method variants,
-    with their params and train blocks, run on the overlay's settings, at one scale of rounds and local steps
-    for every run, with the models swapped per family. The evidence run (config/evidence.yaml) is made of these:
+    with their params and train blocks, run on the overlay's settings, at one scale of rounds, local steps and
+    batch size for every run, with the models swapped per family. The evidence run (config/evidence.yaml) is made of these:
     every variant of the full grid, on offline data, with the paper's hyper-parameters otherwise."""
 
     def __init__(self, spec: dict, root: Path, where: str):
@@ -795,9 +795,9 @@ class Overlay:
                 paper[key] = source[key]
         return paper
 
-    def stands_for(self, setting: str) -> str | None:
-        """The base file's setting an overlay setting stands for (``stands_for``), if it names one."""
-        return self.spec["settings"][setting].get("stands_for")
+    def stands_for(self, setting: str) -> str:
+        """The base file's setting an overlay setting stands for (``stands_for``)."""
+        return self.spec["settings"][setting]["stands_for"]
 
     def settings(self) -> dict:
         """The overlay's settings; one that ``stands_for`` a base setting trains as that one does (its train block:
@@ -806,9 +806,8 @@ class Overlay:
         for name, setting in self.spec["settings"].items():
             setting = {k: v for k, v in setting.items() if k != "stands_for"}
             base = self.stands_for(name)
-            if base is not None:
-                check_choice(base, self.base["settings"], f"{self.where}: settings/{name}/stands_for")
-                setting["train"] = deep_merge(self.base["settings"][base].get("train") or {}, setting.get("train"))
+            check_choice(base, self.base["settings"], f"{self.where}: settings/{name}/stands_for")
+            setting["train"] = deep_merge(self.base["settings"][base].get("train") or {}, setting.get("train"))
             out[name] = setting
         return out
 

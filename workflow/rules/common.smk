@@ -271,6 +271,12 @@ def configuration(wildcards, output) -> str:
     return CONFIG_JSON
 
 
+def configfiles(wildcards, output) -> str:
+    """The config files Snakemake was given, shell-quoted, which a refusal's rebuild command names; like
+    ``configuration``, a param Snakemake does not compare between runs."""
+    return CONFIGFILES
+
+
 def table_definition(wildcards) -> str:
     from fedrepro.report.definitions import definition_hash, item_definition
     from fedrepro.report.tables import table_item

@@ -40,12 +40,13 @@ rule table:
     params:
         definition=table_definition,
         config=configuration,
+        configfiles=configfiles,
     log:
         paths.log("tables", "{protocol}/{paper}/{table}"),
     conda:
         ENV
     shell:
-        "fedrepro --log {log} table --config-json {params.config:q} --configfiles {CONFIGFILES} "
+        "fedrepro --log {log} table --config-json {params.config:q} --configfiles {params.configfiles} "
         "--protocol {wildcards.protocol} --paper {wildcards.paper} --table {wildcards.table} --out {output.md}"
 
 
@@ -60,12 +61,13 @@ rule figure:
     params:
         definition=figure_definition,
         config=configuration,
+        configfiles=configfiles,
     log:
         paths.log("figures", "{protocol}/{paper}/{figure}"),
     conda:
         ENV
     shell:
-        "fedrepro --log {log} figure --config-json {params.config:q} --configfiles {CONFIGFILES} "
+        "fedrepro --log {log} figure --config-json {params.config:q} --configfiles {params.configfiles} "
         "--protocol {wildcards.protocol} --paper {wildcards.paper} --figure {wildcards.figure} --out {output.png}"
 
 
@@ -84,12 +86,13 @@ rule scorecard:
     params:
         definition=scorecard_definition,
         config=configuration,
+        configfiles=configfiles,
     log:
         paths.log("scorecards", "{paper}"),
     conda:
         ENV
     shell:
-        "fedrepro --log {log} scorecard --config-json {params.config:q} --configfiles {CONFIGFILES} "
+        "fedrepro --log {log} scorecard --config-json {params.config:q} --configfiles {params.configfiles} "
         "--paper {wildcards.paper} --out {output.html}"
 
 
@@ -105,9 +108,10 @@ rule evidence:
     params:
         definition=evidence_definition,
         config=configuration,
+        configfiles=configfiles,
     log:
         paths.log("evidence", "index"),
     conda:
         ENV
     shell:
-        "fedrepro --log {log} evidence --config-json {params.config:q} --configfiles {CONFIGFILES} --out {output.html}"
+        "fedrepro --log {log} evidence --config-json {params.config:q} --configfiles {params.configfiles} --out {output.html}"
