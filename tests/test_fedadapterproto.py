@@ -614,8 +614,11 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
     cli.main(["split", "--dataset", "demo_sites", "--manifest", "resources/manifests/demo_sites.csv",
               "--spec", json.dumps(split["spec"]), "--seed", str(split["seed"]), "--out", run["paths"]["split"]])
     counts = pd.read_csv(Path(run["paths"]["split"]).with_suffix(".counts.csv")).set_index("client")
-    # sites ranked by size train (site_a 280, site_b 240, site_c 200), the smallest (site_d, 180) is held out
-    assert counts.loc[["client0", "client1", "client2", "global_test", "external"], "total"].tolist() == [280, 240, 200, 180, 100]
+    # the sources in the order the setting names them: three clients, then the held-out site; then the external set
+    sizes = pd.read_csv("resources/manifests/demo_sites.csv").groupby("source").size()
+    wanted = [int(sizes[s]) for s in split["spec"]["sources"]] + [int(sizes["fashion_test"])]
+    assert counts.loc[["client0", "client1", "client2", "global_test", "external"], "total"].tolist() == wanted
+    assert wanted[:4] == [240, 200, 180, 280]            # site_a, the largest, is held out in the demo
 
     build_image_caches(run)
     run["train"].update(rounds=1, eval_every=1, local={**run["train"]["local"], "steps": 2})    # shorter than the demo
@@ -623,7 +626,7 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
     metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
     assert metrics == json.loads(json.dumps(summary))
     for c in range(3):
-        for where, n in (("global", 180), ("external", 100)):
+        for where, n in (("global", wanted[3]), ("external", wanted[4])):
             result = metrics["eval"][f"client{c}@{where}"]
             assert result["n"] == n and 0.0 <= result["acc"] <= 1.0
     model = sum(p.numel() for p in model_class(run["train"]["model"]["family"])(run["train"]["model"], ["a", "b"], {}).build().parameters())

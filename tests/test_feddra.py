@@ -175,7 +175,8 @@ def demo_project():
 
 
 # the demo's methods and params on tiny random towers (the demo itself starts from Lite0 and MiniLM)
-TINY_TOWERS = {"image": {"backbone": "test_vit", "pretrained": False, "image_size": 32, "resize": 36, "patch_size": 8},
+TINY_TOWERS = {"image": {"backbone": "test_vit", "pretrained": False, "image_size": 32, "resize": 36, "patch_size": 8,
+                         "cnn_tokens": "head"},     # a ViT: the demo's last_stage is for its CNN
                "text": {"pretrained": False, "layers": 1, "config": {"hidden_size": 32, "num_attention_heads": 2,
                                                                      "intermediate_size": 64}},
                "head": {"hidden": 32, "dim": 16}, "mgca": {"prototypes": 8}}
@@ -1009,14 +1010,15 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
     run["algorithm"]["params"].update(stage1_steps=1, stage2_steps=1)        # shorter turns than the demo's
     summary = train_run(run, out, ckpt)
     metrics = read_json(out / "metrics.json")
-    assert metrics == json.loads(json.dumps(summary)) and metrics["rounds"] == 4
-    for key_ in ("clients_mean", "clients_worst", "client0", "client1", "client2"):
+    rounds, clients = run["train"]["rounds"], spec["spec"]["clients"]
+    assert metrics == json.loads(json.dumps(summary)) and metrics["rounds"] == rounds
+    for key_ in ("clients_mean", "clients_worst", *(f"client{i}" for i in range(clients))):
         assert 0.0 <= metrics["eval"][key_]["recall@1"] <= metrics["eval"][key_]["recall@5"] <= 1.0
     assert metrics["eval"]["clients_worst"]["recall@1"] <= metrics["eval"]["clients_mean"]["recall@1"]
     history = pd.read_csv(out / "history.csv")
-    evaluated = history["client0/cos_sim"].dropna()          # the demo evaluates FedDRA after every turn (2 rounds)
-    assert len(history) == 4 and len(evaluated) == 2 and evaluated.between(-1, 1).all()
-    assert (ckpt / "model.pt").exists() and len(torch.load(ckpt / "model.pt", weights_only=False)["model"]["lambda"]) == 3
+    evaluated = history["client0/cos_sim"].dropna()          # every eval_every rounds
+    assert len(history) == rounds and len(evaluated) == rounds // run["train"]["eval_every"] and evaluated.between(-1, 1).all()
+    assert (ckpt / "model.pt").exists() and len(torch.load(ckpt / "model.pt", weights_only=False)["model"]["lambda"]) == clients
 
     for task, metric in (("cls", "acc"), ("seg", "dice")):
         job = demo_project.downstream_config(key, task)

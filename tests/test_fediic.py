@@ -898,7 +898,7 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
     for split_id, spec in demo_project.splits().items():
         cli(["split", "--dataset", spec["dataset"], "--manifest", f"resources/manifests/{spec['dataset']}.csv",
              "--spec", json.dumps(spec["spec"]), "--seed", str(spec["seed"]), "--out", f"resources/splits/{split_id}.json"])
-    for method in ("fediic", "creff"):
+    for method in demo_project.papers["fediic"]["figures"]["tsne"]["methods"]:       # what the t-SNE figure draws
         key = demo_project.run_key("fediic", "lt_creff", method, 0)
         run = demo_project.run_config(key)
         build_image_caches(run)

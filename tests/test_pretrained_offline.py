@@ -150,12 +150,15 @@ def test_projected_classifier_and_adapter_protonet_start_from_lite0():
         assert net(x)["logits"].shape == (2, 2)
 
 
-def test_vlp_with_a_cnn_image_tower_gives_patch_tokens_and_feature_maps():
+@pytest.mark.parametrize("cnn_tokens, width", [("head", 1280), ("last_stage", 320)])
+def test_vlp_with_a_cnn_image_tower_gives_patch_tokens_and_feature_maps(cnn_tokens, width):
+    """EfficientNet-Lite0's tokens: after its 1x1 head convolution (1,280 channels) or its last stage (320)."""
     from fedrepro.config import load_project
     from fedrepro.registry import model_class
 
     project = load_project(["config/demo.yaml"])
-    model_cfg = project.run_config(project.run_key("feddra", "demo_a1", "feddra_gloria", 0))["train"]["model"]
+    model_cfg = copy.deepcopy(project.run_config(project.run_key("feddra", "demo_a1", "feddra_gloria", 0))["train"]["model"])
+    model_cfg["image"]["cnn_tokens"] = cnn_tokens
     family = model_class("vlp")(model_cfg, [str(i) for i in range(10)], {})
     net = family.build().eval()
     size = model_cfg["image"]["image_size"]
@@ -163,7 +166,7 @@ def test_vlp_with_a_cnn_image_tower_gives_patch_tokens_and_feature_maps():
     with torch.no_grad():
         tokens = family.image_tokens(net, x)
         fmap = net.image_encoder.forward_features(x)
-        assert tokens.shape == (2, 1 + fmap.shape[2] * fmap.shape[3], 1280) and fmap.shape[2] * fmap.shape[3] == 4
+        assert tokens.shape == (2, 1 + fmap.shape[2] * fmap.shape[3], width) and fmap.shape[2] * fmap.shape[3] == 4
         assert torch.allclose(tokens[:, 0], tokens[:, 1:].mean(dim=1))
         out = family.forward(net, {"x": x, "caption": ["a photo of a dress", "a photo of a bag"]})
         assert out.extra["regions"].shape[1] == 4                          # GLoRIA's regions: the 2 x 2 map

@@ -90,12 +90,12 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
         log.info("[%s] round %d/%d  loss %.4f  global acc %s  val acc %s  %.1fs/round  %.2f MB sent",
                  tag, rnd + 1, rounds, row["loss"], _fmt(row.get("global/acc")), _fmt(row.get("val_mean/acc")),
                  train_s, (row["down_bytes"] + row["up_bytes"]) / 1e6)
-        if rnd + 1 < rounds:              # after the last round the job writes its outputs instead
-            torch_save(checkpoint, {
-                "config_hash": run["config_hash"], "next_round": rnd + 1, "history": history,
-                "method": method.state_dict(), "comm": method.ctx.comm.state_dict(), "tracker": tracker.state_dict(),
-            })
-            method.checkpoint_committed()     # per-client state files the checkpoint no longer names go
+        # after the last round too: a job killed while writing its outputs redoes no round
+        torch_save(checkpoint, {
+            "config_hash": run["config_hash"], "next_round": rnd + 1, "history": history,
+            "method": method.state_dict(), "comm": method.ctx.comm.state_dict(), "tracker": tracker.state_dict(),
+        })
+        method.checkpoint_committed()         # per-client state files the checkpoint no longer names go
 
     return RunResult(pd.DataFrame(history), tracker.predictions, method.ctx.comm.state_dict(), resumed_from)
 
