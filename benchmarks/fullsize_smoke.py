@@ -10,6 +10,7 @@ communicated; writes them as CSV and as the Markdown table of docs/fullsize.md.
     python benchmarks/fullsize_smoke.py --depth full --architectures   # one per architecture, full depth
     python benchmarks/fullsize_smoke.py --depth full --device cuda     # all of them, full depth, on a GPU
     python benchmarks/fullsize_smoke.py -k feddra --threads 2          # a subset (substring of the name)
+    python benchmarks/fullsize_smoke.py --protocol paper --device cuda # the authors' precision (fp16 CLIP weights)
 
 ``--out`` (default: docs/fullsize-<depth>.csv) and ``--markdown`` (default:
 docs/fullsize.md, the section of this depth replaced) choose where the results go. Run from the
@@ -33,8 +34,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import fullsize_support as F  # noqa: E402
 
-COLUMNS = ("combination", "architecture", "algorithm", "classes", "input", "depth", "seconds", "peak_rss_gb",
-           "params_total", "params_trained", "params_communicated")
+COLUMNS = ("combination", "architecture", "algorithm", "classes", "input", "depth", "precision", "seconds", "peak_rss_gb",
+           "peak_gpu_gb", "loss", "params_total", "params_trained", "params_communicated")
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="keyword", help="only combinations whose name contains this")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per combination")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--protocol", help="run each combination under this protocol (paper: the authors' precision, "
+                                           "e.g. CLIP fine-tuned with fp16 weights); default: the grid's first")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs/fullsize.md")
     parser.add_argument("--no-markdown", action="store_true")
@@ -85,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         for i, combo in enumerate(combos, 1):
             try:
                 row = F.run_combination(combo, Path(tmp) / combo.name, depth=depth, threads=args.threads,
-                                        device=args.device)
+                                        device=args.device, protocol=args.protocol)
             except Exception as error:   # noqa: BLE001 - report every failure, go on with the others
                 failed.append(combo.name)
                 print(f"[{i}/{len(combos)}] {combo.name}: FAILED\n{error}", file=sys.stderr, flush=True)
                 continue
             rows.append(row)
-            print(f"[{i}/{len(combos)}] {combo.name:45} {row['seconds']:7.1f} s  {row['peak_rss_gb']:5.2f} GB  "
+            print(f"[{i}/{len(combos)}] {combo.name:45} {row['precision']:12} {row['seconds']:7.1f} s  {row['peak_rss_gb']:5.2f} GB  "
                   f"trained {row['params_trained'] / 1e6:8.3f} M  communicated {row['params_communicated'] / 1e6:8.3f} M",
                   flush=True)
     with open(out, "w", newline="") as fh:

@@ -138,13 +138,15 @@ def random_init(model: dict) -> dict:
 
 
 def smoke_run(combo: Combination, workdir: Path, *, local_steps: int = 1, batch_size: int = 2,
-              device: str = "cpu") -> dict:
-    """The representative run of ``combo`` for one round on the synthetic federation in ``workdir``."""
+              device: str = "cpu", protocol: str | None = None) -> dict:
+    """The representative run of ``combo`` for one round on the synthetic federation in ``workdir``, under
+    ``protocol`` if given (``paper``: the authors' precision, e.g. CLIP's fp16 weights), else the first configured."""
     from fedrepro.io import hash_obj
     from fedrepro.models.weights import weight_specs
 
     proj = project()
-    run = copy.deepcopy(proj.run_config(proj.run_key(combo.paper, combo.setting, combo.method, proj.seeds[0])))
+    key = proj.run_key(combo.paper, combo.setting, combo.method, proj.seeds[0], protocol)
+    run = copy.deepcopy(proj.run_config(key))
     model = random_init(run["train"]["model"])
     assert weight_specs(model) == [], f"{combo.name}: random init still names pretrained weights"
     run["train"] = {**run["train"], "model": model, "rounds": 1, "eval_every": 1, "num_workers": 0,
@@ -267,6 +269,7 @@ def _measure(run: dict, depth: int | None, threads: int) -> dict:
     gpu = torch.cuda.max_memory_allocated() / 2**30 if run["device"].startswith("cuda") else float("nan")
     return {
         "peak_gpu_gb": gpu,
+        "precision": method.compute.precision,
         "seconds": seconds,
         "peak_rss_gb": train.peak_rss() / 2**30,         # since the job started (train_run resets the count)
         "params_total": int(total),

@@ -75,7 +75,7 @@ def test_paper_protocol_encodes_with_the_authors_fp16_clip(demo_raw):
     ``encoder.precision: fp16_weights`` the cache holds what that model computes, ``encode_image`` casting the
     images to fp16 (``image.type(self.dtype)``), for the images and the prompts alike; the family that runs
     the encoder on every batch computes the same features."""
-    from test_precision import authors_convert_weights
+    from test_precision import authors_fp16_clip
 
     from fedrepro.config import model_schema, validate
     from fedrepro.registry import model_class
@@ -91,7 +91,7 @@ def test_paper_protocol_encodes_with_the_authors_fp16_clip(demo_raw):
     fp32 = encode_dataset(manifest, demo_raw, list(spec.classes), TINY, torch.device("cpu"), batch_size=n, progress=False)
     seed_global(0, "init")
     authors, preprocess, tokenizer = load_open_clip("fedrepro-tiny-clip", "none")
-    authors_convert_weights(authors)
+    authors_fp16_clip(authors)
     transform = feature_transform("clip", 64, preprocess)
     x = torch.stack([transform(load_rgb(demo_raw / p, spec_of(transform))) for p in manifest["path"]])
     with torch.no_grad():
@@ -106,3 +106,23 @@ def test_paper_protocol_encodes_with_the_authors_fp16_clip(demo_raw):
     family = model_class("clip_fam_images")(cfg, list(spec.classes), {})
     assert torch.equal(family.image_features({"x": x}), cache["image"])
     assert torch.equal(family.text, cache["text"])
+
+
+def test_the_fp16_clip_normalises_in_fp32_as_a_gpu_requires(demo_raw, monkeypatch):
+    """On a GPU, layer_norm refuses fp16 activations with fp32 weights (seen on an H200: "expected scalar type Half
+    but found Float", every paper-protocol feature cache); OpenAI's LayerNorm (``clip/model.py::LayerNorm``)
+    normalises in fp32 and the CPU kernel would hide the difference. Here layer_norm is held to the GPU's rule."""
+    import torch.nn.functional as F
+
+    real = F.layer_norm
+
+    def strict(x, shape, weight=None, bias=None, eps=1e-5):
+        assert weight is None or x.dtype == weight.dtype, f"layer_norm of {x.dtype} activations with {weight.dtype} weights"
+        return real(x, shape, weight, bias, eps)
+
+    monkeypatch.setattr(F, "layer_norm", strict)
+    spec = dataset("demo_bt")
+    manifest = prepare.prepare_dataset(spec, demo_raw).head(4)
+    cache = encode_dataset(manifest, demo_raw, list(spec.classes), {**TINY, "precision": "fp16_weights"},
+                           torch.device("cpu"), batch_size=4, progress=False)
+    assert cache["image"].shape[0] == 4 and torch.isfinite(cache["image"]).all() and torch.isfinite(cache["text"]).all()

@@ -260,6 +260,23 @@ def authors_convert_weights(model: torch.nn.Module) -> None:
                 tensor.data = tensor.data.half()
 
 
+class AuthorsLayerNorm(torch.nn.LayerNorm):
+    """openai/CLIP ``clip/model.py::LayerNorm``: normalises in fp32 whatever the input's dtype, returns that dtype;
+    written independently."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float()).to(x.dtype)
+
+
+def authors_fp16_clip(model: torch.nn.Module) -> None:
+    """The model ``clip.load(name, device="cuda")`` returns: OpenAI's LayerNorm in every norm, then
+    :func:`authors_convert_weights`."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.__class__ = AuthorsLayerNorm
+    authors_convert_weights(model)
+
+
 def authors_convert_models_to_fp32(model: torch.nn.Module) -> None:
     """AIPMLab/FACMIC (and FAA-CLIP) ``utils/clip_util.py::convert_models_to_fp32``: every parameter and its
     gradient cast to fp32 in place, right before ``optimizer.step()``."""

@@ -135,8 +135,9 @@ def set_frozen_precision(model, encoder: dict):
     """``model`` (just loaded, fp32) with the numbers of ``encoder["precision"]``, in place: under
     ``fp16_weights`` the parameters OpenAI's ``clip.model.convert_weights`` halves
     (:func:`fedrepro.device.fp16_weight_parameters`) are stored in fp16, so the model computes in fp16 as
-    ``clip.load(name, device="cuda")``'s does (true fp16 arithmetic on the CPU too: torch has fp16 kernels
-    there; they accumulate differently from a GPU's, as fp32 ones do). Feed it :func:`image_input`."""
+    ``clip.load(name, device="cuda")``'s does, its LayerNorms in fp32 as OpenAI's (true fp16 arithmetic on the
+    CPU too: torch has fp16 kernels there; they accumulate differently from a GPU's, as fp32 ones do). Feed it
+    :func:`image_input`."""
     from . import composite
 
     precision = encoder.get("precision", "fp32")
@@ -147,10 +148,18 @@ def set_frozen_precision(model, encoder: dict):
     if composite.config(encoder["name"]) is not None:
         raise ValueError(f"encoder.precision: fp16_weights is how clip.load holds OpenAI's CLIP models; "
                          f"{encoder['name']} is a composite CLIP (keep it fp32)")
+    import torch
+    from open_clip.transformer import LayerNormFp32
+
     from ..device import fp16_weight_parameters
 
     for p in fp16_weight_parameters(model):
         p.data = p.data.half()
+    # OpenAI's LayerNorm casts its fp16 input to fp32 and back (clip/model.py::LayerNorm); open_clip's plain one
+    # hands fp16 activations to fp32 weights, which the CPU kernel takes and CUDA's refuses
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.__class__ = LayerNormFp32
     return model
 
 
