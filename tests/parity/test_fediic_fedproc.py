@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .harness import TOLERANCE, assert_close, train_sizes
+from .harness import assert_close, train_sizes
 from .spec_fedavg import averaged, check_global, local_models
 from .spec_fediic import ADAM, CLASSES, drive_tiny, logits
 
@@ -42,6 +42,10 @@ def class_means(model, dataset):
 # then the prototypes of a round whose models agree are the same to the last bit or nearly (FIRST_ROUND),
 # whatever the batching and the order of the sums.
 FIRST_ROUND = 1e-7
+# Later rounds' features come from models whose last bits differ (the loss's sums run in another order, and Adam
+# turns rounding noise into steps; below): 5e-7 after round 2 and 2e-6 after round 3 on one CPU, less on another.
+# A defect moves them by far more: the weight alpha = 1 - r/R instead of 1 - r/(R-1) by 8e-3 after round 2.
+LATER_ROUNDS = 1e-5
 
 
 def prototypes_per_round(monkeypatch) -> list[torch.Tensor]:
@@ -139,10 +143,9 @@ def test_rethinkfl_implementation_three_rounds(tmp_path, monkeypatch):
                   for label in sorted({c for _, c in local})}
         server = averaged(server, [m.state_dict() for m in models], train_sizes(fed))
         expected = torch.stack([protos[c] for c in range(CLASSES)])
-        # round 0's loss is 0: its features are the initial model's in both, the means alone can differ; later
-        # rounds' features come from models whose last bits differ (below): about 5e-7 here
-        assert_close(history[rnd], expected, f"round {rnd}'s global prototypes", FIRST_ROUND if rnd == 0 else TOLERANCE)
-    assert_close(driven.method.global_prototypes, expected, "global prototypes")
+        # round 0's loss is 0: its features are the initial model's in both, the means alone can differ
+        assert_close(history[rnd], expected, f"round {rnd}'s global prototypes", FIRST_ROUND if rnd == 0 else LATER_ROUNDS)
+    assert_close(driven.method.global_prototypes, expected, "global prototypes", LATER_ROUNDS)
     # The code's loss is a loop over samples, fedrepro's one batch: the last bits of the gradients differ,
     # and Adam turns the rounding noise of gradients that are 0 in exact arithmetic (a BatchNorm bias
     # before another BatchNorm) into steps of up to lr. So the model's function is compared tightly, its
