@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the evidence run: every method variant of the full grid on the offline data, 3 seeds,
-# and the page that says whether each learns (results/evidence-run/evidence/index.html). About an hour on 2 CPU
-# cores (benchmarks/README.md). Arguments: more config files, merged over config/evidence.yaml, e.g. the slice
+# and the page that says whether each learns (results/evidence-run/evidence/index.html). About two hours on 2 CPU
+# cores (estimated: benchmarks/README.md); it resumes where it stopped. Arguments: more config files, merged over
+# config/evidence.yaml, e.g. the slice
 # the tests run (one seed, a few variants per paper):
 #   bash scripts/evidence.sh
 #   bash scripts/evidence.sh tests/data/evidence-slice.yaml
