@@ -110,7 +110,7 @@ def test_paper_protocol_encodes_with_the_authors_fp16_clip(demo_raw):
 
 def test_the_fp16_clip_normalises_in_fp32_as_a_gpu_requires(demo_raw, monkeypatch):
     """On a GPU, layer_norm refuses fp16 activations with fp32 weights (seen on an H200: "expected scalar type Half
-    but found Float", every paper-protocol feature cache); OpenAI's LayerNorm (``clip/model.py::LayerNorm``)
+    but found Float", every paper-protocol feature cache); OpenAI's LayerNorm (openai/CLIP ``clip/model.py::LayerNorm``)
     normalises in fp32 and the CPU kernel would hide the difference. Here layer_norm is held to the GPU's rule."""
     import torch.nn.functional as F
 
