@@ -1,6 +1,6 @@
 """GPU-hours of the whole grid, from a throughput table, ours next to the authors' way.
 
-For every run of the configured grid (``fedrepro validate``'s list: ``Project.runs()``), from its
+For every run of the configured grid (``fedrepro validate``'s list: ``project.plan.runs()``), from its
 resolved config:
 
     hours(run) = R x (train images per round / train rate + E/R x eval images per evaluation / eval rate) / 3600
@@ -112,7 +112,7 @@ def client_images(project, key, run: dict, sizes: dict) -> tuple[list[int], int,
 
 
 def run_hours(project, key, table, sizes, args, cache_passes: dict) -> tuple[float, float, str]:
-    run = project.run_config(key)
+    run = project.resolver.run_config(key)
     train = run["train"]
     model = train["model"]
     fkey = family_key(model)
@@ -170,7 +170,7 @@ def main() -> None:
     per_paper: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     cache_passes: dict = {}
     sources = set()
-    for key in project.runs():
+    for key in project.plan.runs():
         ours, authors, source = run_hours(project, key, table, sizes, args, cache_passes)
         sources.add(source)
         entry = per_paper[key.paper]

@@ -74,7 +74,7 @@ def synthetic_jpegs(folder: Path, n: int, width: int, height: int, mode: str, se
 def training_transform(paper: str, setting: str, method: str):
     """The training transform a real run of (paper, setting, method) builds (random-init weights)."""
     project = load_project([ROOT / "config/config.yaml"], root=ROOT)
-    model = dict(project.train_config(paper, setting, method, "clean")["model"])
+    model = dict(project.resolver.train_config(paper, setting, method, "clean")["model"])
     if "encoder" in model:
         model["encoder"] = {**model["encoder"], "pretrained": "none"}
     if "pretrained" in model:

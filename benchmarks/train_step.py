@@ -66,8 +66,8 @@ def grid_families(project) -> dict[str, dict]:
     """key -> the first run of the grid whose model has that key (plus ``encode:<encoder>`` for every
     encoder a feature cache or a per-batch CLIP path needs)."""
     out: dict[str, dict] = {}
-    for key in project.runs():
-        run = project.run_config(key)
+    for key in project.plan.runs():
+        run = project.resolver.run_config(key)
         model = run["train"]["model"]
         out.setdefault(family_key(model), run)
         if model.get("encoder") and (MODELS.get(model["family"])["input"] == "features" or model["family"].endswith("_images")):

@@ -95,8 +95,8 @@ def draw_figure(project, paper: str, figure: str, out_png, protocol: str = "clea
     from fedrepro.report.figures import figure_inputs, figure_item, make_figure
 
     item = figure_item(project, protocol, paper, figure)
-    for key in project.figure_runs(paper, figure, protocol):
+    for key in project.plan.figure_runs(paper, figure, protocol):
         target = paths.embedding(key, figure)
         if target in figure_inputs(item) and not Path(target).exists():
-            embed(project.embed_job(key, figure), target)
+            embed(project.resolver.embed_job(key, figure), target)
     make_figure(item, out_png)

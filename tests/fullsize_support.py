@@ -93,8 +93,8 @@ def combinations() -> list[Combination]:
 
     proj = project()
     seen: dict[str, tuple] = {}
-    for key in proj.runs():
-        run = proj.run_config(key)
+    for key in proj.plan.runs():
+        run = proj.resolver.run_config(key)
         seen.setdefault(_identity(run), (key, run))
     names: dict[str, int] = {}
     for key, _ in seen.values():
@@ -145,8 +145,8 @@ def smoke_run(combo: Combination, workdir: Path, *, local_steps: int = 1, batch_
     from fedrepro.models.weights import weight_specs
 
     proj = project()
-    key = proj.run_key(combo.paper, combo.setting, combo.method, proj.seeds[0], protocol)
-    run = copy.deepcopy(proj.run_config(key))
+    key = proj.resolver.run_key(combo.paper, combo.setting, combo.method, proj.seeds[0], protocol)
+    run = copy.deepcopy(proj.resolver.run_config(key))
     model = random_init(run["train"]["model"])
     assert weight_specs(model) == [], f"{combo.name}: random init still names pretrained weights"
     run["train"] = {**run["train"], "model": model, "rounds": 1, "eval_every": 1, "num_workers": 0,

@@ -75,9 +75,9 @@ def build_tiny_inputs(workdir: Path) -> dict:
     from fedrepro.config import load_project
 
     project = load_project([REPO / "config/config.yaml", REPO / TINY_CONFIG], root=REPO)
-    run_cfg = project.run_config(project.run_key(*TINY_RUN))
+    run_cfg = project.resolver.run_config(project.resolver.run_key(*TINY_RUN))
     paths, dataset = run_cfg["paths"], run_cfg["dataset"]
-    split = project.splits()[run_cfg["split_id"]]
+    split = project.plan.splits()[run_cfg["split_id"]]
     with contextlib.chdir(workdir):
         main(["download", dataset, "--raw-dir", paths["raw_dir"]])
         main(["prepare", dataset, "--raw-dir", paths["raw_dir"], "--out", paths["manifest"]])

@@ -537,14 +537,14 @@ def test_paper_protocol_reads_the_authors_data_and_pixels():
              ("facmic", "bt_iid", "facmic"): ("bt_bt2_disjoint", "bt_bt2")}
     for (paper, setting, method), datasets in cases.items():
         for protocol, expected in zip(("clean", "paper"), datasets):
-            run = proj.run_config(RunKey(paper, protocol, setting, method, 0))
+            run = proj.resolver.run_config(RunKey(paper, protocol, setting, method, 0))
             assert run["dataset"] == expected and run["paths"]["manifest"].endswith(f"/{expected}.csv")
             assert run["split_id"].startswith(f"{expected}-") and run["split_id"] in run["paths"]["split"]
             assert ReportItem(proj, protocol, paper, "tables", "table2").split_id(setting, 0) == run["split_id"]
             assert run["jpeg_draft"] is (protocol == "clean")
             assert ("-full-" in run["features"]["key"]) is (protocol == "paper")
     for protocol in ("clean", "paper"):
-        images = proj.run_config(RunKey("facmic", protocol, "real", "fedavg", 0))["paths"]["images"]
+        images = proj.resolver.run_config(RunKey("facmic", protocol, "real", "fedavg", 0))["paths"]["images"]
         assert images and all(path.endswith("-full.u8") is (protocol == "paper") for path in images.values())
     assert proj.config["data"]["jpeg_draft"] == "auto"
 
@@ -602,10 +602,10 @@ def test_cached_features_and_the_uncached_encoder_give_the_same_facmic_round(dem
 def test_faa_clip_table2_times_every_method_on_its_image_path():
     # the paper's minutes per round include CLIP's forward on every batch; runs on cached features leave it out
     project = load_project([REPO / "config/config.yaml"], root=REPO)
-    for key in project.table_runs("faa_clip", "table2", "clean"):
-        run = project.run_config(key)
+    for key in project.plan.table_runs("faa_clip", "table2", "clean"):
+        run = project.resolver.run_config(key)
         assert run["input"] == "images", (key, run["train"]["model"]["family"])
-    families = {project.run_config(project.run_key("faa_clip", "sc", m, 0))["train"]["model"]["family"]
+    families = {project.resolver.run_config(project.resolver.run_key("faa_clip", "sc", m, 0))["train"]["model"]["family"]
                 for m in ("fedclip_images", "faa_clip_images")}
     assert families == {"clip_adapter_images", "clip_fam_images"}
 
@@ -619,13 +619,13 @@ def test_demo_configs_end_to_end(demo_data, monkeypatch):
 
     monkeypatch.chdir(demo_data)
     project = load_project([REPO / "config/demo.yaml"], {"papers": ["facmic", "faa_clip"]}, root=REPO)
-    for spec in project.weights().values():          # the composite CLIP's aligned projections, built offline
+    for spec in project.plan.weights().values():          # the composite CLIP's aligned projections, built offline
         fetch_weights(spec)
-    keys = [project.run_key("facmic", "bt_iid", "facmic", 0), project.run_key("facmic", "bt_iid", "facmic", 0, "paper"),
-            project.run_key("faa_clip", "oh_acp_r", "faa_clip", 0)]
+    keys = [project.resolver.run_key("facmic", "bt_iid", "facmic", 0), project.resolver.run_key("facmic", "bt_iid", "facmic", 0, "paper"),
+            project.resolver.run_key("faa_clip", "oh_acp_r", "faa_clip", 0)]
     for key in keys:
-        run = project.run_config(key)
-        split = project.splits()[run["split_id"]]
+        run = project.resolver.run_config(key)
+        split = project.plan.splits()[run["split_id"]]
         if not Path(run["paths"]["split"]).exists():
             cli.main(["split", "--dataset", run["dataset"], "--manifest", run["paths"]["manifest"],
                       "--spec", json.dumps(split["spec"]), "--seed", str(split["seed"]), "--out", run["paths"]["split"]])
@@ -659,7 +659,7 @@ def test_demo_configs_end_to_end(demo_data, monkeypatch):
                                   "target_is_test": False} and "best_test" not in clean["by_rule"]
     assert paper["test_data"]["selection_on_test"] and paper["test_data"]["target_is_test"]
     # clean tests on the global set minus the unlabeled reference half; paper on (and adapts to) all of it
-    split = json.loads(Path(project.run_config(keys[0])["paths"]["split"]).read_text())
+    split = json.loads(Path(project.resolver.run_config(keys[0])["paths"]["split"]).read_text())
     assert clean["eval"]["global"]["n"] == len(split["global_test"])
     assert paper["eval"]["global"]["n"] == len(split["global_test"]) + len(split["reference"])
     assert clean["eval"]["external"]["n"] == 150 == paper["eval"]["external"]["n"]   # 15% of 'inverted' (1,000): BT2's stand-in

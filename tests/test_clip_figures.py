@@ -123,7 +123,7 @@ def tiny(tmp_path_factory):
     counts = {}
     for setting in ("iid", "dir"):
         for seed in (0, 1):
-            path = root / "resources/splits" / f"{project.split_id(P, setting, seed)}.counts.csv"
+            path = root / "resources/splits" / f"{project.resolver.split_id(P, setting, seed)}.counts.csv"
             if path.exists():  # a fixed split seed: every run seed shares one split file
                 counts[(setting, seed)] = counts[(setting, seed - 1)]
                 continue
@@ -168,7 +168,7 @@ def test_radar_counts_average_the_seeds_splits(tiny, monkeypatch):
     np.testing.assert_allclose(got.to_numpy(), expected.to_numpy())
     assert list(got.index) == ["client0", "client1"]
     # "iid" uses split seed 0 for every run seed: one split, not an average
-    assert project.split_id(P, "iid", 0) == project.split_id(P, "iid", 1)
+    assert project.resolver.split_id(P, "iid", 0) == project.resolver.split_id(P, "iid", 1)
     np.testing.assert_allclose(client_class_counts(_item(project, "kite"), "iid").to_numpy(),
                                counts[("iid", 0)].loc[["client0", "client1"]].to_numpy())
 
@@ -241,7 +241,7 @@ def test_seed_table_and_turn_series_by_hand(tmp_path, monkeypatch):
         out = tmp_path / "results/runs/clean/p/s/m" / f"seed{seed}"
         out.mkdir(parents=True)
         pd.DataFrame(columns).to_csv(out / "history.csv", index=False)
-    project = SimpleNamespace(seeds=[0, 1], protocol=lambda paper, setting, protocol: protocol)
+    project = SimpleNamespace(seeds=[0, 1], resolver=SimpleNamespace(protocol=lambda paper, setting, protocol: protocol))
     item = ReportItem(project, "clean", "p", "figures", "f")
 
     table = seed_table(item, "s", "m", "global/acc")

@@ -8,10 +8,10 @@ import yaml
 from fedrepro.config import (
     ConfigError,
     Project,
-    RunKey,
     deep_merge,
     load_project,
 )
+from fedrepro.paths import RunKey
 
 DEMO = ["config/config.yaml", "config/demo.yaml"]
 
@@ -36,7 +36,7 @@ def write_paper(tmp_path, mutate) -> Project:
 def test_shipped_configs_validate():
     for files in (["config/config.yaml"], DEMO):
         project = load_project(files)
-        assert project.runs()
+        assert project.plan.runs()
 
 
 def test_unknown_top_level_key_names_allowed_keys():
@@ -96,8 +96,8 @@ def test_protocol_overrides_merge_into_the_runs_of_that_protocol_only(tmp_path):
         paper["settings"]["fashion_paper"] = {**copy.deepcopy(paper["settings"]["fashion_iid"]), "protocol": "paper"}
 
     project = write_paper(tmp_path, with_override)
-    clean = project.run_config(project.run_key("foundation", "fashion_iid", "fedprox", 0))
-    paper = project.run_config(project.run_key("foundation", "fashion_paper", "fedprox", 0))
+    clean = project.resolver.run_config(project.resolver.run_key("foundation", "fashion_iid", "fedprox", 0))
+    paper = project.resolver.run_config(project.resolver.run_key("foundation", "fashion_paper", "fedprox", 0))
     assert clean["algorithm"]["params"] == {"mu": 0.01, "squared": False, "anchor": "round_start", "warmup_updates": 0}
     assert paper["algorithm"]["params"] == {"mu": 0.01, "squared": False, "anchor": "previous_round", "warmup_updates": 0}
     assert paper["train"]["optimizer"]["lr"] == 0.5 and clean["train"]["optimizer"]["lr"] != 0.5
@@ -120,25 +120,25 @@ def test_table_naming_a_missing_method(tmp_path):
 
 def test_run_config_hash_follows_every_hyperparameter(tmp_path):
     key = RunKey("foundation", "clean", "fashion_iid", "fedclip", 0)
-    before = write_paper(tmp_path, lambda paper: None).run_config(key)
+    before = write_paper(tmp_path, lambda paper: None).resolver.run_config(key)
 
     def other_lr(paper):
         paper["defaults"]["optimizer"]["lr"] = 0.5
 
-    after = write_paper(tmp_path, other_lr).run_config(key)
+    after = write_paper(tmp_path, other_lr).resolver.run_config(key)
     assert before["config_hash"] != after["config_hash"]
     assert after["train"]["optimizer"]["lr"] == 0.5
     engine_check = load_project(DEMO, overrides={"papers": ["foundation"]})     # the tests' engine-check paper
-    assert engine_check.run_config(engine_check.run_key("foundation", "fashion_iid", "fedclip", 1))["seed"] == 1
+    assert engine_check.resolver.run_config(engine_check.resolver.run_key("foundation", "fashion_iid", "fedclip", 1))["seed"] == 1
 
 
 def test_defaults_filled_and_model_blocks_replace_across_families():
     project = load_project(DEMO, overrides={"papers": ["foundation"]})
-    fedavg = project.run_config(project.run_key("foundation", "fashion_iid", "fedavg", 0))
+    fedavg = project.resolver.run_config(project.resolver.run_key("foundation", "fashion_iid", "fedavg", 0))
     assert fedavg["train"]["model"]["family"] == "classifier"
     assert "encoder" not in fedavg["train"]["model"]  # the clip_adapter default did not leak in
     assert fedavg["train"]["model"]["normalize"] == "imagenet"  # schema default
-    fedclip = project.run_config(project.run_key("foundation", "fashion_iid", "fedclip", 0))
+    fedclip = project.resolver.run_config(project.resolver.run_key("foundation", "fashion_iid", "fedclip", 0))
     assert fedclip["train"]["model"]["encoder"]["prompt"] == "a picture of a {}"
     assert fedclip["input"] == "features" and fedavg["input"] == "images"
 

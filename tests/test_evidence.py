@@ -36,7 +36,7 @@ def project(root, tmp_path, monkeypatch):
 
 def fill(project, bacc: float = 0.9, recall: float = 0.5, low: tuple = ()) -> None:
     """Every run of ``project`` written with these scores; (method, seed) in ``low`` score chance."""
-    for key in project.runs():
+    for key in project.plan.runs():
         Path(paths.run_file(key)).parent.mkdir(parents=True, exist_ok=True)
         poor = (key.method, key.seed) in low
         if key.paper == "feddra":
@@ -53,13 +53,13 @@ def fill(project, bacc: float = 0.9, recall: float = 0.5, low: tuple = ()) -> No
 def test_scores_use_the_task_and_the_clients_own_models(project):
     fill(project, low={("fedavg", 1), ("fedavg_convirt", 1)})
     scores = evidence.score_runs(project)
-    assert len(scores) == len(project.runs())
+    assert len(scores) == len(project.plan.runs())
     proto = scores[scores["paper"] == "fedadapterproto"]
     assert (proto["chance"] == 0.5).all() and np.allclose(proto["threshold"], 0.75)
     ours = proto[(proto["method"] == "fedadapterproto") & (proto["seed"] == 0)].iloc[0]
     assert ours["value"] == 0.9 and ours["passed"] and "clients' models" in ours["metric"]     # not the server's 0.5
     drra = scores[scores["paper"] == "feddra"]
-    pool = project.run_config(project.runs()[-1])["train"]["model"]["retrieval"]["pool"]
+    pool = project.resolver.run_config(project.plan.runs()[-1])["train"]["model"]["retrieval"]["pool"]
     assert np.allclose(drra["chance"], 1 / pool) and np.allclose(drra["threshold"], 3 / pool)
     failed = evidence.failures(scores)
     assert set(zip(failed["method"], failed["seed"])) == {("fedavg", 1), ("fedavg_convirt", 1)}   # both papers' FedAvg

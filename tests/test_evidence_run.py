@@ -30,7 +30,7 @@ def projects(root):
 def grid_variants(full, paper: str) -> set[str]:
     """Every variant some table of the full grid has a cell of (under either protocol) or some figure draws."""
     used = {c["method"] for table in full.papers[paper].get("tables", {})
-            for protocol in ("clean", "paper") for c in full.resolved_cells(paper, table, protocol)}
+            for protocol in ("clean", "paper") for c in full.resolver.resolved_cells(paper, table, protocol)}
     used |= {m for fig in full.papers[paper].get("figures", {}).values() for m in fig.get("methods", [])}
     return used
 
@@ -42,9 +42,9 @@ def test_every_variant_of_the_full_grid_runs(projects):
     for paper in evidence.papers:
         variants = set(evidence.papers[paper]["methods"])
         assert variants == grid_variants(full, paper), paper
-        rows = {key.method for key in evidence.runs() if key.paper == paper}
+        rows = {key.method for key in evidence.plan.runs() if key.paper == paper}
         assert rows == variants, paper
-        assert {key.seed for key in evidence.runs()} == {0, 1, 2}
+        assert {key.seed for key in evidence.plan.runs()} == {0, 1, 2}
         total += len(variants)
     assert total == 90
 
@@ -59,7 +59,7 @@ def test_params_and_optimisers_are_the_papers(projects):
         setting = next(iter(evidence.papers[paper]["settings"]))
         for method in evidence.papers[paper]["methods"]:
             base_setting = overlay.stands_for(setting)
-            mine, theirs = evidence.method_params(paper, method, "clean"), full.method_params(paper, method, "clean")
+            mine, theirs = evidence.resolver.method_params(paper, method, "clean"), full.resolver.method_params(paper, method, "clean")
             algorithm = full.papers[paper]["methods"][method].get("method", method)
             properties = method_schema(algorithm).get("properties", {})
             for key, value in theirs.items():
@@ -68,8 +68,8 @@ def test_params_and_optimisers_are_the_papers(projects):
                     assert mine[key] == max(1, math.ceil(value * scale[counts] - 1e-9)), (paper, method, key)
                 else:
                     assert mine[key] == value, (paper, method, key)
-            ours = evidence.train_config(paper, setting, method, "clean")
-            base = full.train_config(paper, base_setting, method, "clean")
+            ours = evidence.resolver.train_config(paper, setting, method, "clean")
+            base = full.resolver.train_config(paper, base_setting, method, "clean")
             assert ours["optimizer"] == base["optimizer"], (paper, method)
             assert ours["model"]["family"] == base["model"]["family"], (paper, method)
             assert ours["batch_size"] == max(1, math.ceil(base["batch_size"] * scale["batch_size"] - 1e-9))
@@ -86,7 +86,7 @@ def test_one_scale_for_every_variant_of_a_paper(projects):
             # the rounds a variant names itself (FedDRA's 50 stage rounds for 25 turns), else the paper's or the setting's
             named = (variant.get("train") or {}).get("rounds")
             if named is not None:
-                assert evidence.train_config(paper, setting, method, "clean")["rounds"] == math.ceil(named * factor - 1e-9)
+                assert evidence.resolver.train_config(paper, setting, method, "clean")["rounds"] == math.ceil(named * factor - 1e-9)
 
 
 def test_results_go_to_their_own_folder(root):

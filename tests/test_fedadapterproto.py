@@ -198,7 +198,7 @@ def tiny_method(project, method: str, **train):
                                   TensorImages(x[:2], [0, 1]), TensorImages(x[:0], [])))
     fed = Federation(clients, TensorImages(torch.randn(4, 3, 24, 24, generator=gen), [0, 1, 0, 1], 900), None,
                      ["sneaker", "bag"])
-    run = copy.deepcopy(project.run_config(project.run_key("fedadapterproto", "sites", method, 0)))
+    run = copy.deepcopy(project.resolver.run_config(project.resolver.run_key("fedadapterproto", "sites", method, 0)))
     # the demo's method and params on a tiny random ResNet (the demo itself starts from EfficientNet-Lite0)
     run["train"]["model"].update(backbone="test_resnet", pretrained=False, image_size=24, prototype_dim=16)
     run["train"].update(batch_size=20, local={"epochs": 1, "sampler": "class_balanced"})
@@ -367,13 +367,13 @@ def test_paper_protocol_table1_reads_the_pooled_accuracy_of_the_authors_runs():
     from parity.harness import project
 
     grid = project()
-    evals = {p: [c["eval"] for c in grid.resolved_cells("fedadapterproto", "table1", p) if c["method"] == "fedavg"]
+    evals = {p: [c["eval"] for c in grid.resolver.resolved_cells("fedadapterproto", "table1", p) if c["method"] == "fedavg"]
              for p in ("clean", "paper")}
     assert evals == {"clean": [f"client{k}@global" for k in range(4)], "paper": [f"upto_client{k}@global" for k in range(4)]}
     for protocol, kind in (("clean", "sites"), ("paper", "sites_authors_index")):
-        run = grid.run_config(grid.run_key("fedadapterproto", "eyepacs_sites", "fedadapterproto", 0, protocol))
+        run = grid.resolver.run_config(grid.resolver.run_key("fedadapterproto", "eyepacs_sites", "fedadapterproto", 0, protocol))
         assert run["train"]["rounds"] == 50 and f"-{kind}-" in run["split_id"]
-    index_bug = {c["setting"]: c["protocol"] for c in grid.resolved_cells("fedadapterproto", "index_bug", "paper")}
+    index_bug = {c["setting"]: c["protocol"] for c in grid.resolver.resolved_cells("fedadapterproto", "index_bug", "paper")}
     assert index_bug == {"eyepacs_sites": "clean", "eyepacs_sites_authors_index": "paper"}
 
 
@@ -608,9 +608,9 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
     for name in ("demo_scanners", "demo_fashion", "demo_sites"):
         cli.main(["download", name])
         cli.main(["prepare", name, "--out", f"resources/manifests/{name}.csv"])
-    key = project.run_key("fedadapterproto", "sites", "fedadapterproto", 0)
-    run = project.run_config(key)
-    split = project.splits()[run["split_id"]]
+    key = project.resolver.run_key("fedadapterproto", "sites", "fedadapterproto", 0)
+    run = project.resolver.run_config(key)
+    split = project.plan.splits()[run["split_id"]]
     cli.main(["split", "--dataset", "demo_sites", "--manifest", "resources/manifests/demo_sites.csv",
               "--spec", json.dumps(split["spec"]), "--seed", str(split["seed"]), "--out", run["paths"]["split"]])
     counts = pd.read_csv(Path(run["paths"]["split"]).with_suffix(".counts.csv")).set_index("client")

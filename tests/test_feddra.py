@@ -189,7 +189,7 @@ def make_method(project, method: str, params: dict | None = None, clients: int =
     from fedrepro.fl.method import MethodContext
     from fedrepro.registry import method_class
 
-    run = copy.deepcopy(project.run_config(project.run_key("feddra", "demo_a1", method, 0)))
+    run = copy.deepcopy(project.resolver.run_config(project.resolver.run_key("feddra", "demo_a1", method, 0)))
     run["algorithm"]["params"] = deep_merge(run["algorithm"]["params"], params or {})
     run["train"] = deep_merge(run["train"], train or {})
     run["train"]["model"] = deep_merge(run["train"]["model"], TINY_TOWERS)
@@ -469,7 +469,7 @@ def test_retrieval_as_the_code_scores_it():
     assert client_scores(method, None, type("F", (), {"clients": [client]}), lambda c: c.name) == \
         {"client0/n": 3, "client0.test/n": 7}
     project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"], "protocols": ["clean", "paper"]}, root=REPO)
-    retrieval = {p: project.run_config(project.run_key("feddra", "mimic_a1", "feddra_convirt", 0, p))["train"]["model"]
+    retrieval = {p: project.resolver.run_config(project.resolver.run_key("feddra", "mimic_a1", "feddra_convirt", 0, p))["train"]["model"]
                  ["retrieval"] for p in ("clean", "paper")}
     assert retrieval["paper"] == {**code, "pool": 32}
     assert retrieval["clean"] == {"split": "test", "pool": 72, "pools": "shuffled", "drop_last": False, "direction": "t2i",
@@ -499,7 +499,7 @@ def test_text_reaches_the_alignment_block_as_the_code_sends_it(demo_project):
     assert words[1, :3, 0].tolist() == [12.0, 13.0, 14.0] and mask[1].tolist() == [True] * 3 + [False] * 9
 
     project = load_project([REPO / "config/config.yaml"], {"papers": ["feddra"], "protocols": ["clean", "paper"]}, root=REPO)
-    align = {p: project.run_config(project.run_key("feddra", "mimic_a1", "feddra_mgca", 0, p))["train"]["model"]["alignment"]
+    align = {p: project.resolver.run_config(project.resolver.run_key("feddra", "mimic_a1", "feddra_mgca", 0, p))["train"]["model"]["alignment"]
              for p in ("clean", "paper")}
     assert align["paper"] == {**align["clean"], "text_mask": "none"} and align["clean"]["text_mask"] == "padding"
     assert (align["paper"]["text_tokens"], align["paper"]["text_dropout"], align["paper"]["image_dropout"]) == ("words", 0.1, 0.0)
@@ -999,9 +999,9 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
     raw, manifests = Path("resources/raw"), Path("resources/manifests")
     for name in ("demo_fashion", "demo_vlp", "demo_digits"):
         _prepare(name, raw, manifests)
-    key = demo_project.run_key("feddra", "demo_a1", "feddra", 0)
-    run = demo_project.run_config(key)
-    spec = demo_project.splits()[run["split_id"]]
+    key = demo_project.resolver.run_key("feddra", "demo_a1", "feddra", 0)
+    run = demo_project.resolver.run_config(key)
+    spec = demo_project.plan.splits()[run["split_id"]]
     split = make_split(read_manifest(run["paths"]["manifest"]), spec["spec"], spec["seed"])
     write_json(run["paths"]["split"], {"dataset": "demo_vlp", "spec": spec["spec"], "seed": spec["seed"],
                                        "manifest_sha256": sha256_file(run["paths"]["manifest"]), **split.to_json()})
@@ -1021,7 +1021,7 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
     assert (ckpt / "model.pt").exists() and len(torch.load(ckpt / "model.pt", weights_only=False)["model"]["lambda"]) == clients
 
     for task, metric in (("cls", "acc"), ("seg", "dice")):
-        job = demo_project.downstream_config(key, task)
+        job = demo_project.resolver.downstream_config(key, task)
         result = run_downstream(job, Path("results/downstream") / key.path / f"{task}.json")
         keys = ["1%", "10%"] if task == "cls" else ["2%", "10%"]
         assert list(result["eval"]) == keys

@@ -328,7 +328,7 @@ def test_fediic_backbone_is_the_authors_tf_efficientnet_b0(grid_project):
     from fedrepro.models.weights import weight_specs
 
     for protocol in ("clean", "paper"):
-        model_cfg = grid_project.run_config(grid_project.run_key("fediic", "isic", "fediic", 0, protocol))["train"]["model"]
+        model_cfg = grid_project.resolver.run_config(grid_project.resolver.run_key("fediic", "isic", "fediic", 0, protocol))["train"]["model"]
         assert [spec.id for spec in weight_specs(model_cfg)] == ["timm--tf_efficientnet_b0.aa_in1k"]
     family = build_family({**model_cfg, "pretrained": False}, [str(c) for c in range(8)], {})
     backbone = family.build().backbone
@@ -476,14 +476,14 @@ def test_fediic_code_split_is_the_authors_clients(tmp_path, n_clients):
 
 def test_fediic_isic_uses_the_authors_split_under_the_paper_protocol(grid_project):
     project = grid_project
-    assert project.setting("fediic", "isic", "paper")["split"]["kind"] == "fediic_code"
-    assert project.setting("fediic", "isic", "clean")["split"]["kind"] == "creff"
-    paper, clean = (project.run_config(project.run_key("fediic", "isic", "fedavg", 0, p)) for p in ("paper", "clean"))
+    assert project.resolver.setting("fediic", "isic", "paper")["split"]["kind"] == "fediic_code"
+    assert project.resolver.setting("fediic", "isic", "clean")["split"]["kind"] == "creff"
+    paper, clean = (project.resolver.run_config(project.resolver.run_key("fediic", "isic", "fedavg", 0, p)) for p in ("paper", "clean"))
     assert "-fediic_code-" in paper["split_id"] and "-creff-" in clean["split_id"]
     # ICH: the authors' data.csv is not public, one split spec for both (the paper protocol reads their images)
-    ich = [project.run_config(project.run_key("fediic", "ich", "fedavg", 0, p))["split_id"] for p in ("paper", "clean")]
+    ich = [project.resolver.run_config(project.resolver.run_key("fediic", "ich", "fedavg", 0, p))["split_id"] for p in ("paper", "clean")]
     assert ich[0].startswith("rsna_ich_stage1_png-creff-") and ich[1].startswith("rsna_ich-creff-")
-    assert project.setting("fediic", "ich", "paper")["split"] == project.setting("fediic", "ich", "clean")["split"]
+    assert project.resolver.setting("fediic", "ich", "paper")["split"] == project.resolver.setting("fediic", "ich", "clean")["split"]
 
 
 # ---- datasets -----------------------------------------------------------------------------------
@@ -683,7 +683,7 @@ def test_every_method_runs_and_counts_its_extra_uploads(demo_project, tmp_path):
 
     results = {}
     for name in METHODS:
-        run = json.loads(json.dumps(demo_project.run_config(demo_project.run_key("fediic", "lt_creff", name, 0))))
+        run = json.loads(json.dumps(demo_project.resolver.run_config(demo_project.resolver.run_key("fediic", "lt_creff", name, 0))))
         run["train"]["rounds"] = 2
         # the demo's methods and params on a tiny random network (256 features, a 64 -> 32 projector)
         run["train"]["model"].update(backbone="test_efficientnet", pretrained=False,
@@ -716,7 +716,7 @@ def _method(demo_project, name, **params):
     from fedrepro.fl.method import MethodContext
     from fedrepro.registry import method_class
 
-    run = json.loads(json.dumps(demo_project.run_config(demo_project.run_key("fediic", "lt_creff", name, 0))))
+    run = json.loads(json.dumps(demo_project.resolver.run_config(demo_project.resolver.run_key("fediic", "lt_creff", name, 0))))
     run["algorithm"]["params"].update(params)
     fed = _synthetic_federation(run["train"]["model"]["views"])
     method = method_class(run["algorithm"]["name"])(MethodContext(run, fed, torch.device("cpu"), CommLedger(),
@@ -895,12 +895,12 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
         cli(["prepare", dataset, "--raw-dir", "resources/raw", "--out", f"resources/manifests/{dataset}.csv", "--no-verify"])
     manifest = pd.read_csv("resources/manifests/demo_fashion_lt.csv")
     assert np.bincount(manifest["label"]).tolist() == [300, 215, 154, 110, 79, 56, 40, 29, 20, 15]
-    for split_id, spec in demo_project.splits().items():
+    for split_id, spec in demo_project.plan.splits().items():
         cli(["split", "--dataset", spec["dataset"], "--manifest", f"resources/manifests/{spec['dataset']}.csv",
              "--spec", json.dumps(spec["spec"]), "--seed", str(spec["seed"]), "--out", f"resources/splits/{split_id}.json"])
     for method in demo_project.papers["fediic"]["figures"]["tsne"]["methods"]:       # what the t-SNE figure draws
-        key = demo_project.run_key("fediic", "lt_creff", method, 0)
-        run = demo_project.run_config(key)
+        key = demo_project.resolver.run_key("fediic", "lt_creff", method, 0)
+        run = demo_project.resolver.run_config(key)
         build_image_caches(run)
         run["train"].update(rounds=2, local={**run["train"]["local"], "steps": 2})     # shorter than the demo
         summary = train_run(run, f"results/runs/{key.path}", f"results/checkpoints/{key.path}")

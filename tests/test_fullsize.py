@@ -76,8 +76,8 @@ def test_every_architecture_at_full_depth(combo, tmp_path):
 def test_the_list_covers_every_paper_family_architecture_and_method_of_the_grid():
     grid = F.project()
     wanted = set()
-    for key in grid.runs():
-        run = grid.run_config(key)
+    for key in grid.plan.runs():
+        run = grid.resolver.run_config(key)
         wanted.add((key.paper, run["train"]["model"]["family"], F.architecture(run["train"]["model"]),
                     run["algorithm"]["name"]))
     covered = {(c.paper, c.family, c.architecture, c.algorithm) for c in COMBINATIONS}

@@ -158,8 +158,8 @@ def _image_models():
     seen = {}
     for files in (["config/config.yaml"], ["config/config.yaml", "config/demo.yaml"]):
         project = load_project(files)
-        for key in project.runs():
-            run = project.run_config(key)
+        for key in project.plan.runs():
+            run = project.resolver.run_config(key)
             if run["input"] == "features":
                 continue
             model = copy.deepcopy(run["train"]["model"])

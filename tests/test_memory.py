@@ -107,7 +107,7 @@ def test_the_grids_largest_models_are_counted_on_the_meta_device():
     from fedrepro.config import load_project
 
     project = load_project(["config/config.yaml"])
-    run = project.run_config(project.run_key("facmic", "bt_iid", "moon", 0))
+    run = project.resolver.run_config(project.resolver.run_key("facmic", "bt_iid", "moon", 0))
     profile = model_profile(run, cache=False)
     assert 149e6 < profile["params"] < 150e6 and profile["trainable_params"] == profile["params"]
     assert profile["frozen"]["host"] == profile["model_bytes"]     # the pristine CLIP kept on the host

@@ -381,8 +381,8 @@ def test_paper_protocol_computes_at_the_authors_precision():
         setting = next(iter(grid["settings"]))
         for method in grid["methods"]:
             expected = "fp16_weights" if method in fp16_rows.get(paper, ()) else "fp32"
-            assert proj.train_config(paper, setting, method, "paper")["precision"] == expected, (paper, method)
-            assert proj.train_config(paper, setting, method, "clean")["precision"] == "auto", (paper, method)
+            assert proj.resolver.train_config(paper, setting, method, "paper")["precision"] == expected, (paper, method)
+            assert proj.resolver.train_config(paper, setting, method, "clean")["precision"] == "auto", (paper, method)
 
 
 def test_paper_protocol_encodes_with_the_authors_fp16_frozen_clip():
@@ -402,20 +402,20 @@ def test_paper_protocol_encodes_with_the_authors_fp16_frozen_clip():
         setting = next(iter(proj.papers[paper]["settings"]))
         for method in proj.papers[paper]["methods"]:
             for protocol, expected in (("paper", "fp16_weights"), ("clean", "fp32")):
-                model = proj.train_config(paper, setting, method, protocol)["model"]
+                model = proj.resolver.train_config(paper, setting, method, protocol)["model"]
                 want = expected if model["family"] in frozen else None
                 assert frozen_encoder_precision(model) == want, (paper, method, protocol)
     caches = {"clean": set(), "paper": set()}
-    for key in proj.runs():
-        run = proj.run_config(key)
+    for key in proj.plan.runs():
+        run = proj.resolver.run_config(key)
         if key.paper in ("facmic", "faa_clip") and run["features"]:
             caches[key.protocol].add(run["paths"]["features"])
             half = run["features"]["encoder"].get("precision") == "fp16_weights"
             assert half == (key.protocol == "paper") == ("-fp16w-" in run["features"]["key"]), key
-            assert proj.features()[(run["dataset"], run["features"]["key"])]["encoder"] == run["features"]["encoder"]
+            assert proj.plan.features()[(run["dataset"], run["features"]["key"])]["encoder"] == run["features"]["encoder"]
     assert caches["paper"] and caches["clean"] and not caches["paper"] & caches["clean"]
     # the clean protocol's caches are those of before the frozen encoder had a precision
     assert {"resources/features/bt/ViT-B-16-openai-clip-96f10f.pt",
             "resources/features/officehome/ViT-B-32-openai-resize_imagenet-224px-a37dfa.pt"} <= caches["clean"]
-    twin = proj.run_config(proj.run_key("faa_clip", "sc", "faa_clip_images", 0, "paper"))
+    twin = proj.resolver.run_config(proj.resolver.run_key("faa_clip", "sc", "faa_clip_images", 0, "paper"))
     assert twin["train"]["model"]["encoder"]["precision"] == "fp16_weights" and twin["features"] is None

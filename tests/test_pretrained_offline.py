@@ -157,7 +157,7 @@ def test_vlp_with_a_cnn_image_tower_gives_patch_tokens_and_feature_maps(cnn_toke
     from fedrepro.registry import model_class
 
     project = load_project(["config/demo.yaml"])
-    model_cfg = copy.deepcopy(project.run_config(project.run_key("feddra", "demo_a1", "feddra_gloria", 0))["train"]["model"])
+    model_cfg = copy.deepcopy(project.resolver.run_config(project.resolver.run_key("feddra", "demo_a1", "feddra_gloria", 0))["train"]["model"])
     model_cfg["image"]["cnn_tokens"] = cnn_tokens
     family = model_class("vlp")(model_cfg, [str(i) for i in range(10)], {})
     net = family.build().eval()

@@ -432,14 +432,14 @@ def test_ich_setting_reads_the_authors_images_under_the_paper_protocol(tmp_path)
     from fedrepro.config import ConfigError, Project, load_project
 
     project = load_project(overrides={"papers": ["fediic"], "protocols": ["clean", "paper"]}, root=ROOT)
-    runs = {key.protocol: project.run_config(key) for key in project.runs() if key.setting == "ich" and key.method == "fedavg"}
+    runs = {key.protocol: project.resolver.run_config(key) for key in project.plan.runs() if key.setting == "ich" and key.method == "fedavg"}
     assert runs["clean"]["dataset"] == "rsna_ich" and runs["paper"]["dataset"] == "rsna_ich_stage1_png"
     assert runs["paper"]["paths"]["manifest"].endswith("rsna_ich_stage1_png.csv")
     assert runs["clean"]["split_id"].startswith("rsna_ich-creff") and runs["paper"]["split_id"].startswith("rsna_ich_stage1_png-creff")
-    assert {s["dataset"] for s in project.splits().values()} >= {"rsna_ich", "rsna_ich_stage1_png"}
-    assert "rsna_ich_stage1_png" in project.datasets()
+    assert {s["dataset"] for s in project.plan.splits().values()} >= {"rsna_ich", "rsna_ich_stage1_png"}
+    assert "rsna_ich_stage1_png" in project.plan.datasets()
     # the clean protocol alone never needs the authors' images
-    assert "rsna_ich_stage1_png" not in load_project(overrides={"papers": ["fediic"], "protocols": ["clean"]}, root=ROOT).datasets()
+    assert "rsna_ich_stage1_png" not in load_project(overrides={"papers": ["fediic"], "protocols": ["clean"]}, root=ROOT).plan.datasets()
     # an override must keep the classes
     paper = yaml.safe_load((ROOT / "config/papers/fediic.yaml").read_text())
     paper["settings"]["ich"]["protocols"] = {"paper": {"dataset": "isic2019"}}

@@ -85,8 +85,8 @@ def test_scorecard_page_of_real_tables_renders_in_a_browser(tiny_inputs, monkeyp
     config = deep_merge(deep_merge(load_yaml(REPO / "config/config.yaml"), load_yaml(REPO / TINY_CONFIG)),
                         {"paper_dir": "papers", "seeds": [0, 1]})
     project = Project(config, root=".")
-    for key in project.runs():
-        train_run(project.run_config(key), paths.run_dir(key), paths.checkpoint_dir(key))
+    for key in project.plan.runs():
+        train_run(project.resolver.run_config(key), paths.run_dir(key), paths.checkpoint_dir(key))
     config_json = json.dumps(project.config, sort_keys=True)
     table_md = paths.table("clean", "foundation", "accuracy", ".md")
     cli(["table", "--config-json", config_json, "--protocol", "clean", "--paper", "foundation", "--table", "accuracy",

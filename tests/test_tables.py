@@ -110,7 +110,7 @@ def _mini_project(root: Path, paper_dir: str, published: str = PUBLISHED_CSV, st
                            enumerate(["client0", "client1", "global_test"])])
     counts["train"], counts["val"], counts["test"] = [8, 7, 0], [1, 1, 0], [1, 1, 20]
     counts["total"] = counts[["train", "val", "test"]].sum(axis=1)
-    path = root / "resources/splits" / f"{project.split_id(P, 'iid', 0)}.counts.csv"
+    path = root / "resources/splits" / f"{project.resolver.split_id(P, 'iid', 0)}.counts.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     counts.to_csv(path, index=False)
     return project

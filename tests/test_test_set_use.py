@@ -50,13 +50,13 @@ def test_clean_config_asking_for_best_test_selection_is_refused(tmp_path):
     assert "selection rule 'best_test' picks the reported round on the test set" in message
     assert "allow_test_selection: true" in message and "protocol: paper" in message
     # the authors' protocol allows it; so does the explicit opt-in
-    assert project_with(tmp_path, paper, protocols=("paper",)).runs()
+    assert project_with(tmp_path, paper, protocols=("paper",)).plan.runs()
     opted = project_with(tmp_path, with_train(selection={"rule": "best_test"}, allow_test_selection=True))
-    run = opted.run_config(opted.runs()[0])
+    run = opted.resolver.run_config(opted.plan.runs()[0])
     assert run["train"]["allow_test_selection"] is True and run["protocol"] == "clean"
     # a run that does not opt in keeps its configuration (and hash) as before the key existed
     plain = project_with(tmp_path, BASE)
-    assert "allow_test_selection" not in plain.run_config(plain.runs()[0])["train"]
+    assert "allow_test_selection" not in plain.resolver.run_config(plain.plan.runs()[0])["train"]
 
 
 def test_clean_domain_adaptation_on_the_test_set_is_refused(tmp_path):
@@ -190,8 +190,8 @@ def test_opted_in_run_is_recorded_in_manifest_metrics_and_caption(tiny_inputs, t
 
     workdir, _ = tiny_inputs
     project = project_with(tmp_path, with_train(selection={"rule": "best_test"}, allow_test_selection=True))
-    key = project.runs()[0]
-    run = project.run_config(key)
+    key = project.plan.runs()[0]
+    run = project.resolver.run_config(key)
     monkeypatch.chdir(workdir)
     train_run(run, paths.run_dir(key), paths.checkpoint_dir(key))
     metrics = json.loads(Path(paths.run_file(key)).read_text())

@@ -164,22 +164,22 @@ def test_the_grid_declares_every_pretrained_file_it_loads_and_the_demo_none():
     from fedrepro.config import load_project
 
     grid = load_project([ROOT / "config/config.yaml"], root=ROOT)
-    assert set(grid.weights()) == {
+    assert set(grid.plan.weights()) == {
         "open_clip--ViT-B-16--openai", "open_clip--ViT-B-32--openai",        # FACMIC, FAA-CLIP (+ feature caches)
         "open_clip--ViT-L-14--openai", "open_clip--ViT-L-14-336--openai",    # FAA-CLIP's backbone figure
         "timm--tf_efficientnet_b0.aa_in1k", "timm--resnet50.tv_in1k",        # FedIIC, FedAdapterProto
         "timm--deit_base_patch16_224", "hf--bert-base-cased--model",        # FedDRA's two towers
         "hf--emilyalsentzer--Bio_ClinicalBERT--tokenizer",                   # ... and the code's tokenizer
     }
-    feddra = grid.run_config(next(k for k in grid.runs() if k.paper == "feddra"))
+    feddra = grid.resolver.run_config(next(k for k in grid.plan.runs() if k.paper == "feddra"))
     assert [s.id for s in W.weight_specs(feddra["train"]["model"])] == [
         "timm--deit_base_patch16_224", "hf--bert-base-cased--model", "hf--emilyalsentzer--Bio_ClinicalBERT--tokenizer"]
     # runs on cached features load no encoder; their feature caches do
-    facmic = next(k for k in grid.runs() if k.paper == "facmic" and grid.run_config(k)["input"] == "features")
-    assert W.weight_specs(grid.run_config(facmic)["train"]["model"]) == []
+    facmic = next(k for k in grid.plan.runs() if k.paper == "facmic" and grid.resolver.run_config(k)["input"] == "features")
+    assert W.weight_specs(grid.resolver.run_config(facmic)["train"]["model"]) == []
     demo = load_project([ROOT / "config/demo.yaml"], root=ROOT)
     # the demo runs offline: packaged towers need no step; the composite CLIP's projections are built here
-    assert list(demo.weights()) == ["composite--fedrepro-lite0-minilm--aligned"]
+    assert list(demo.plan.weights()) == ["composite--fedrepro-lite0-minilm--aligned"]
 
 
 def test_own_files_and_random_init_need_no_fetching(tmp_path):
@@ -358,9 +358,9 @@ def test_training_job_stops_on_missing_weights_before_it_reads_any_data(hub, off
     from fedrepro.config import load_project
 
     grid = load_project([ROOT / "config/config.yaml"], root=ROOT)
-    key = next(k for k in grid.runs() if k.paper == "facmic" and grid.run_config(k)["train"]["model"]["family"] == "clip_full")
+    key = next(k for k in grid.plan.runs() if k.paper == "facmic" and grid.resolver.run_config(k)["train"]["model"]["family"] == "clip_full")
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as stop:
-        main(["train", "--run", json.dumps(grid.run_config(key)), "--out", "out", "--checkpoint-dir", "ckpt"])
+        main(["train", "--run", json.dumps(grid.resolver.run_config(key)), "--out", "out", "--checkpoint-dir", "ckpt"])
     assert stop.value.code == 1
     assert "resources/weights/open_clip--ViT-B-16--openai/weights.json does not exist" in caplog.text
     assert "fedrepro weights open_clip--ViT-B-16--openai" in caplog.text
@@ -470,7 +470,7 @@ def test_full_grid_dry_run_fetches_weights_locally_before_the_jobs_that_need_the
     out = run(["snakemake", "all", "-n", "--profile", "slurm"], repo, env, timeout=300).stdout
     jobs = _dry_run_jobs(out)
     fetched = {re.fullmatch(r"resources/weights/(.+)/weights\.json", j["output"]).group(1) for j in jobs if j["rule"] == "weights"}
-    assert fetched == set(load_project([ROOT / "config/config.yaml"], root=ROOT).weights())
+    assert fetched == set(load_project([ROOT / "config/config.yaml"], root=ROOT).plan.weights())
     needing = {}
     for job in jobs:
         for manifest in re.findall(r"resources/weights/[^,\s]+/weights\.json", job["input"]):

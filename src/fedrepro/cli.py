@@ -156,7 +156,7 @@ def cmd_scorecard(args) -> None:
     check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
     tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"))
-              for protocol, paper, table in project.tables() if paper in papers]
+              for protocol, paper, table in project.plan.tables() if paper in papers]
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
     stand_ins = [f"{project.papers[p]['title']}: {stand_in(project, p).rstrip('.')}." for p in papers if stand_in(project, p)]
@@ -174,7 +174,7 @@ def cmd_evidence(args) -> None:
     if not project.config.get("evidence"):
         raise SystemExit("this configuration sets no learning bar (config key `evidence`)")
     out = args.out or paths.evidence()
-    check_runs(project, project.runs(), out)
+    check_runs(project, project.plan.runs(), out)
     scores = evidence.write_page(project, Path(out).parent)
     failed = evidence.failures(scores)
     logging.getLogger("fedrepro").info("evidence: %d of %d runs clear the bar (%d exempt)", int(scores["passed"].sum()), len(scores),
@@ -203,7 +203,7 @@ def cmd_weights(args) -> None:
     else:
         from .config import load_project
 
-        specs = list(load_project(args.configfile or None).weights().values())
+        specs = list(load_project(args.configfile or None).plan.weights().values())
     failed = []
     for spec in specs:
         try:
@@ -233,16 +233,16 @@ def cmd_estimate(args) -> None:
     if args.paper:
         if not (args.setting and args.method):
             raise ConfigError("fedrepro estimate <paper> <setting> <method>: give all three (or none for the grid)")
-        key = project.run_key(args.paper, args.setting, args.method, args.seed if args.seed is not None else project.seeds[0],
+        key = project.resolver.run_key(args.paper, args.setting, args.method, args.seed if args.seed is not None else project.seeds[0],
                               args.protocol)
-        if key not in set(project.runs()):
+        if key not in set(project.plan.runs()):
             raise ConfigError(f"no run {key.path} in the configuration (fedrepro validate lists the grid)")
         est = planned(project, key, args.workers, args.device)
         print("\n".join(est.lines()))
         print(f"request: mem_mb={est.host_mb()}" + (f" gpu_mem_mb={est.gpu_mb()}" if est.gpu else ""))
         return
     seen = {}
-    for key in project.runs():
+    for key in project.plan.runs():
         seen.setdefault((key.protocol, key.paper, key.setting, key.method), key)
     print(f"{'run (first seed)':<72} {'device':>6} {'host':>10} {'GPU':>10}")
     for key in seen.values():
@@ -254,10 +254,10 @@ def cmd_validate(args) -> None:
     from .config import load_project
 
     project = load_project(args.configfile or None)
-    runs = project.runs()
-    print(f"config OK: {len(project.papers)} paper(s), {len(runs)} runs, {len(list(project.tables()))} tables, "
-          f"{len(list(project.figures()))} figures, {len(project.splits())} splits, {len(project.features())} feature caches, "
-          f"{len(project.downstream_jobs())} downstream evaluations, {len(project.weights())} pretrained weights "
+    runs = project.plan.runs()
+    print(f"config OK: {len(project.papers)} paper(s), {len(runs)} runs, {len(list(project.plan.tables()))} tables, "
+          f"{len(list(project.plan.figures()))} figures, {len(project.plan.splits())} splits, {len(project.plan.features())} feature caches, "
+          f"{len(project.plan.downstream_jobs())} downstream evaluations, {len(project.plan.weights())} pretrained weights "
           f"resources (fedrepro weights --list)")
 
 

@@ -22,8 +22,8 @@ def definitions(project: Project) -> dict[tuple, str]:
     from fedrepro.report.figures import figure_item
     from fedrepro.report.tables import table_item
 
-    out = {("table", *t): D.definition_hash(D.item_definition(table_item(project, *t))) for t in project.tables()}
-    out |= {("figure", *f): D.definition_hash(D.item_definition(figure_item(project, *f))) for f in project.figures()}
+    out = {("table", *t): D.definition_hash(D.item_definition(table_item(project, *t))) for t in project.plan.tables()}
+    out |= {("figure", *f): D.definition_hash(D.item_definition(figure_item(project, *f))) for f in project.plan.figures()}
     out |= {("scorecard", p): D.definition_hash(D.scorecard_definition(project, p)) for p in [*project.papers, "all"]}
     return out | {("evidence",): D.definition_hash(D.evidence_definition(project))}
 
@@ -59,7 +59,7 @@ def test_renaming_a_method_changes_what_shows_its_label(tmp_path):
 
     project = demo(tmp_path)
     showing = {("table", "clean", "facmic", t) for t in project.papers["facmic"]["tables"]
-               if "fedclip" in {k.method for k in project.table_runs("facmic", t, "clean")}}
+               if "fedclip" in {k.method for k in project.plan.table_runs("facmic", t, "clean")}}
     showing |= {("figure", "clean", "facmic", f) for f, spec in project.papers["facmic"]["figures"].items()
                 if "fedclip" in spec.get("methods", [])}
     assert changed(tmp_path, label) == showing | {("evidence",)}
@@ -93,8 +93,8 @@ def test_snakemake_rebuilds_a_table_whose_metric_was_edited_and_only_it(tmp_path
     from .support import tiny_project
 
     project = tiny_project()
-    key = project.runs()[0]
-    train_run(project.run_config(key), paths.run_dir(key), paths.checkpoint_dir(key))
+    key = project.plan.runs()[0]
+    train_run(project.resolver.run_config(key), paths.run_dir(key), paths.checkpoint_dir(key))
     for item in ("Snakefile", "config", "envs"):
         (shutil.copytree if (REPO / item).is_dir() else shutil.copy)(REPO / item, item)
     Path("workflow").unlink()

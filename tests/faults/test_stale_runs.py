@@ -32,7 +32,7 @@ def test_a_table_refuses_runs_made_from_another_manifest_and_says_how_to_rebuild
     from fedrepro.train import train_run
 
     project = tiny_project()
-    key = project.runs()[0]
+    key = project.plan.runs()[0]
     train_run(tiny, paths.run_dir(key), paths.checkpoint_dir(key))
     build_table()
     assert Path(TABLE).exists()
@@ -66,7 +66,7 @@ def test_a_table_refuses_runs_made_from_another_feature_cache(tiny, caplog):
     from fedrepro.io import torch_save
     from fedrepro.train import train_run
 
-    key = tiny_project().runs()[0]
+    key = tiny_project().plan.runs()[0]
     train_run(tiny, paths.run_dir(key), paths.checkpoint_dir(key))
     features = tiny["paths"]["features"]
     cache = load_feature_cache(features)
@@ -103,7 +103,7 @@ def test_a_table_refuses_a_downstream_result_made_from_another_manifest(tiny, ca
     from fedrepro.train import train_run
 
     table = add_probe_table()
-    key = tiny_project().runs()[0]
+    key = tiny_project().plan.runs()[0]
     train_run(tiny, paths.run_dir(key), paths.checkpoint_dir(key))
     result = paths.downstream(key, "probe")
     metrics = read_json(paths.run_file(key))
@@ -145,7 +145,7 @@ def test_a_table_refuses_runs_made_with_other_weights_and_names_the_config_in_it
     monkeypatch.setattr(W, "weight_source", lambda kind: source)
     monkeypatch.setattr(train, "weight_specs", lambda model: [spec])       # the run loads these weights
     W.fetch(spec)
-    key = tiny_project().runs()[0]
+    key = tiny_project().plan.runs()[0]
     train.train_run(tiny, paths.run_dir(key), paths.checkpoint_dir(key))
     build_table()
     assert Path(TABLE).exists()

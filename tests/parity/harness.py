@@ -75,7 +75,7 @@ def paper_run(paper: str, method: str, setting: str | None = None, *, seed: int 
     """
     proj = project()
     setting = setting or _first_setting(paper, method)
-    run = copy.deepcopy(proj.run_config(proj.run_key(paper, setting, method, seed, protocol)))
+    run = copy.deepcopy(proj.resolver.run_config(proj.resolver.run_key(paper, setting, method, seed, protocol)))
     if params:
         _check_known(params, run["algorithm"]["params"], f"{paper}/{method} params")
         run["algorithm"]["params"] = deep_merge(run["algorithm"]["params"], params)
@@ -103,12 +103,12 @@ def _check_known(changes: dict, resolved: dict, what: str) -> None:
 
 def _first_setting(paper: str, method: str) -> str:
     proj = project()
-    for _, name, table in proj.tables():
-        for key in proj.table_runs(name, table, "clean") if name == paper else []:
+    for _, name, table in proj.plan.tables():
+        for key in proj.plan.table_runs(name, table, "clean") if name == paper else []:
             if key.method == method:
                 return key.setting
     for figure in proj.papers[paper].get("figures", {}):
-        for key in proj.figure_runs(paper, figure, "clean"):
+        for key in proj.plan.figure_runs(paper, figure, "clean"):
             if key.method == method:
                 return key.setting
     raise KeyError(f"{paper}: no table or figure runs method {method!r}")
@@ -353,7 +353,7 @@ def configured_model(paper: str, method: str, setting: str | None = None, **chan
     ``changes`` (e.g. ``backbone="test_resnet", image_size=32``): the family and its options stay."""
     proj = project()
     setting = setting or _first_setting(paper, method)
-    model = copy.deepcopy(proj.run_config(proj.run_key(paper, setting, method, 0))["train"]["model"])
+    model = copy.deepcopy(proj.resolver.run_config(proj.resolver.run_key(paper, setting, method, 0))["train"]["model"])
     model = tiny_model(model)
     if "pretrained" in model:
         model["pretrained"] = False

@@ -33,10 +33,10 @@ except ConfigError as error:
     raise WorkflowError(f"invalid configuration:\n{error}")
 
 RAW = PROJECT.config["data"]["raw_dir"]
-RUNS = {key.path: key for key in PROJECT.runs()}
-SPLITS = PROJECT.splits()
-FEATURES = {f"{dataset}/{key}": job for (dataset, key), job in PROJECT.features().items()}   # {encoder, jpeg_draft}
-DOWNSTREAM = PROJECT.downstream_jobs()
+RUNS = {key.path: key for key in PROJECT.plan.runs()}
+SPLITS = PROJECT.plan.splits()
+FEATURES = {f"{dataset}/{key}": job for (dataset, key), job in PROJECT.plan.features().items()}   # {encoder, jpeg_draft}
+DOWNSTREAM = PROJECT.plan.downstream_jobs()
 CONFIG_JSON = json.dumps(PROJECT.config, sort_keys=True)
 # the config files Snakemake was given (none: config/config.yaml), as report jobs pass them on (--configfiles): a
 # refusal's rebuild command names them, so a demo user does not rebuild against the full configuration
@@ -71,8 +71,8 @@ def per_attempt(base: int):
 def all_outputs(wildcards=None) -> list[str]:
     """What `all` builds: the kinds of output the configuration names (`outputs`)."""
     kinds = {
-        "tables": lambda: [paths.table(protocol, paper, table) for protocol, paper, table in PROJECT.tables()],
-        "figures": lambda: [paths.figure(protocol, paper, figure) for protocol, paper, figure in PROJECT.figures()],
+        "tables": lambda: [paths.table(protocol, paper, table) for protocol, paper, table in PROJECT.plan.tables()],
+        "figures": lambda: [paths.figure(protocol, paper, figure) for protocol, paper, figure in PROJECT.plan.figures()],
         "scorecards": lambda: [paths.scorecard(paper) for paper in PROJECT.papers] + [paths.scorecard("all")],
         "evidence": lambda: [paths.evidence()] if PROJECT.config.get("evidence") else [],
     }
@@ -147,7 +147,7 @@ def run_key(wildcards) -> RunKey:
 
 
 def run_config(wildcards) -> dict:
-    return PROJECT.run_config(run_key(wildcards))
+    return PROJECT.resolver.run_config(run_key(wildcards))
 
 
 def train_inputs(wildcards):
@@ -207,7 +207,7 @@ def downstream_job(wildcards) -> dict:
     key = run_key(wildcards)
     if f"{key.path}/{wildcards.task}" not in DOWNSTREAM:
         raise WorkflowError(f"no downstream evaluation {key.path}/{wildcards.task} in the configuration")
-    return PROJECT.downstream_config(key, wildcards.task)
+    return PROJECT.resolver.downstream_config(key, wildcards.task)
 
 
 def downstream_inputs(wildcards) -> dict:
@@ -225,7 +225,7 @@ def downstream_inputs(wildcards) -> dict:
 
 
 def embed_job(wildcards) -> dict:
-    return PROJECT.embed_job(run_key(wildcards), wildcards.figure)
+    return PROJECT.resolver.embed_job(run_key(wildcards), wildcards.figure)
 
 
 def embed_inputs(wildcards) -> dict:
@@ -307,6 +307,6 @@ def scorecard_inputs(wildcards) -> list[str]:
     from fedrepro.report import consistency
 
     papers = list(PROJECT.papers) if wildcards.paper == "all" else [wildcards.paper]
-    tables = [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in PROJECT.tables() if paper in papers]
+    tables = [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in PROJECT.plan.tables() if paper in papers]
     runs = consistency.runs_behind(consistency.scorecard_inputs(PROJECT, wildcards.paper))
     return tables + [paths.run_file(key, "run_manifest.json") for key in runs]

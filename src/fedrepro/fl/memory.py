@@ -409,8 +409,8 @@ def planned(project, key, workers: int | None = None, device: str | None = None)
     """The estimate of run ``key`` of a project as its job is planned: image runs on a GPU (the train
     rule asks for one), feature-level runs on the CPU; clients from the split file where it exists,
     else from the setting's split spec."""
-    run = project.run_config(key)
-    split = project.setting(key.paper, key.setting, key.protocol)["split"]
+    run = project.resolver.run_config(key)
+    split = project.resolver.setting(key.paper, key.setting, key.protocol)["split"]
     clients = clients_of_file(run["paths"]["split"]) or client_count(split)
     device = device or ("cpu" if run["input"] == "features" else "cuda")
     return estimate(run, clients, device, workers if run["input"] != "features" else 0)

@@ -48,7 +48,7 @@ class ClientUpdate:
 
 @dataclass
 class MethodContext:
-    run: dict                   # the resolved run config (fedrepro.config.Project.run_config)
+    run: dict                   # the resolved run config (fedrepro.config.resolve.Resolver.run_config)
     federation: Federation
     device: torch.device
     comm: CommLedger

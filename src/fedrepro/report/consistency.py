@@ -40,7 +40,7 @@ def changed_inputs(project: Project, key: RunKey) -> tuple[list[str], list[str]]
     """-> (what changed since run ``key`` was made, files to rebuild besides the run): each recorded input that is
     here now and differs, compared with the files the run would be made from today."""
     recorded = read_json(paths.run_file(key, "run_manifest.json")).get("inputs", {})
-    now = project.run_config(key)["paths"]
+    now = project.resolver.run_config(key)["paths"]
     changes, rebuild = [], []
     inputs = (("manifest_sha256", now["manifest"]), ("split_sha256", now["split"]),
               ("features_sha256", now["features"]))     # features: runs on cached encoder features only
@@ -67,7 +67,7 @@ def changed_downstream(project: Project, result: str) -> list[str]:
     here now and differs from the one the result recorded."""
     key, task = paths.downstream_of(result)
     recorded = read_json(result).get("inputs", {}).get("manifest_sha256")
-    manifest = project.downstream_config(key, task)["paths"]["manifest"]
+    manifest = project.resolver.downstream_config(key, task)["paths"]["manifest"]
     if recorded and Path(manifest).is_file() and file_digest(manifest) != recorded:
         return [f"{manifest} (SHA-256 {recorded[:12]}… when the result was made, {file_digest(manifest)[:12]}… now)"]
     return []
@@ -120,5 +120,5 @@ def scorecard_inputs(project: Project, paper: str) -> list[str]:
     """The files behind a scorecard: those of every table of ``paper`` (or of every paper: ``all``)."""
     from .tables import table_inputs, table_item
 
-    return list(dict.fromkeys(f for protocol, p, table in project.tables() if paper in ("all", p)
+    return list(dict.fromkeys(f for protocol, p, table in project.plan.tables() if paper in ("all", p)
                               for f in table_inputs(table_item(project, protocol, p, table))))

@@ -23,7 +23,7 @@ def named(item: ReportItem, what: str) -> list[str]:
         names += [entry[what]] if entry.get(what) else []
         names += list((entry.get(f"{what}s") or {}).values())
     if item.kind == "tables":
-        names += [getattr(key, what) for key in item.project.table_runs(item.paper, item.name, item.protocol)]
+        names += [getattr(key, what) for key in item.project.plan.table_runs(item.paper, item.name, item.protocol)]
     return sorted(set(names))
 
 
@@ -61,7 +61,7 @@ def scorecard_definition(project: Project, paper: str) -> dict:
     return {
         "paper": paper,
         "titles": {p: project.papers[p]["title"] for p in papers},
-        "tables": [[protocol, p, table] for protocol, p, table in project.tables() if p in papers],
+        "tables": [[protocol, p, table] for protocol, p, table in project.plan.tables() if p in papers],
         "stand_in": {p: stand_in(project, p) for p in papers},
     }
 
@@ -69,7 +69,7 @@ def scorecard_definition(project: Project, paper: str) -> dict:
 def evidence_definition(project: Project) -> dict:
     """The evidence page: the learning bar, the runs it scores and how it names them."""
     runs: dict[str, dict] = {}
-    for key in project.runs():
+    for key in project.plan.runs():
         paper = runs.setdefault(key.paper, {"title": project.papers[key.paper]["title"], "methods": set(), "settings": set()})
         paper["methods"].add(key.method)
         paper["settings"].add(key.setting)

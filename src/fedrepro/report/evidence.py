@@ -49,12 +49,12 @@ def exemption(project: Project, paper: str, method: str) -> str | None:
 def task_of(project: Project, key: RunKey) -> str:
     from ..registry import model_class
 
-    return model_class(project.run_config(key)["train"]["model"]["family"]).task
+    return model_class(project.resolver.run_config(key)["train"]["model"]["family"]).task
 
 
 def run_inputs(project: Project) -> list[str]:
     """Every file the evidence reads: each run's metrics, predictions and history."""
-    return [paths.run_file(key, name) for key in project.runs()
+    return [paths.run_file(key, name) for key in project.plan.runs()
             for name in ("metrics.json", "predictions.npz", "history.csv")]
 
 
@@ -65,7 +65,7 @@ def score_run(project: Project, key: RunKey) -> dict:
     evals = metrics["eval"]
     row = {"paper": key.paper, "protocol": key.protocol, "setting": key.setting, "method": key.method, "seed": key.seed}
     if task_of(project, key) == "retrieval":
-        pool = project.run_config(key)["train"]["model"]["retrieval"]["pool"]
+        pool = project.resolver.run_config(key)["train"]["model"]["retrieval"]["pool"]
         # a client's pair count: from its own row, or (one model per client) its own model on its own pairs
         sizes = [evals[k].get("n") or evals.get(f"{k}@{k}", {}).get("n") for k in evals if re.fullmatch(r"client\d+", k)]
         sizes = [n for n in sizes if n]
@@ -89,7 +89,7 @@ def score_run(project: Project, key: RunKey) -> dict:
 
 
 def score_runs(project: Project) -> pd.DataFrame:
-    return pd.DataFrame([score_run(project, key) for key in project.runs()])
+    return pd.DataFrame([score_run(project, key) for key in project.plan.runs()])
 
 
 def failures(scores: pd.DataFrame) -> pd.DataFrame:

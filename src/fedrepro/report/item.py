@@ -50,20 +50,20 @@ class ReportItem:
         from ..data.partition import task_classes
         from ..registry import DATASETS
 
-        spec = self.project.setting(self.paper, setting, self.protocol)
+        spec = self.project.resolver.setting(self.paper, setting, self.protocol)
         everything = list(DATASETS.get(spec["dataset"]).obj.classes)
         return [everything[c] for c in task_classes(everything, spec["split"])]
 
     # ---- runs ----------------------------------------------------------------------------------
     def key(self, setting: str, method: str, seed: int) -> RunKey:
         """The run behind (setting, method, seed) here: the item's protocol unless the setting pins one."""
-        return RunKey(self.paper, self.project.protocol(self.paper, setting, self.protocol), setting, method, seed)
+        return RunKey(self.paper, self.project.resolver.protocol(self.paper, setting, self.protocol), setting, method, seed)
 
     def run_file(self, setting: str, method: str, seed: int, name: str = "metrics.json") -> Path:
         return require(paths.run_file(self.key(setting, method, seed), name))
 
     def figure_runs(self) -> list[RunKey]:
-        return self.project.figure_runs(self.paper, self.name, self.protocol)
+        return self.project.plan.figure_runs(self.paper, self.name, self.protocol)
 
     def split_counts(self, setting: str, seed: int | None = None) -> pd.DataFrame:
         """The client x class count table of ``setting``'s split (under the first seed by default)."""
@@ -72,7 +72,7 @@ class ReportItem:
 
     def split_id(self, setting: str, seed: int) -> str:
         """The split ``setting``'s runs read here (a setting may read another dataset under each protocol)."""
-        return self.project.split_id(self.paper, setting, seed, self.protocol)
+        return self.project.resolver.split_id(self.paper, setting, seed, self.protocol)
 
     def table_csv(self, table: str) -> Path:
         return require(paths.table(self.protocol, self.paper, table, ".csv"))

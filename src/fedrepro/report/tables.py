@@ -85,7 +85,7 @@ def selected_on_test(project: Project, key: paths.RunKey) -> bool:
     """Whether run ``key`` reports metrics selected on the test set (its resolved selection rule)."""
     from ..fl.selection import TEST_RULES, resolve_rule
 
-    rule = project.train_config(key.paper, key.setting, key.method, key.protocol)["selection"]["rule"]
+    rule = project.resolver.train_config(key.paper, key.setting, key.method, key.protocol)["selection"]["rule"]
     return resolve_rule(rule, key.protocol) in TEST_RULES
 
 
@@ -94,7 +94,7 @@ def runs_inputs(item: ReportItem) -> list[str]:
     the test set when the table re-reads them at one round, and the published CSV."""
     files: dict[str, None] = {}
     one = (item.spec.get("selection") or {}).get("rule") == "one_round"
-    for cell in item.project.resolved_cells(item.paper, item.name, item.protocol):
+    for cell in item.project.resolver.resolved_cells(item.paper, item.name, item.protocol):
         for seed in item.seeds:
             key = paths.RunKey(item.paper, cell["protocol"], cell["setting"], cell["method"], seed)
             if cell["task"]:
@@ -147,7 +147,7 @@ def build_table(item: ReportItem) -> TableResult:
             cell = resolve_cell(spec, row, col)
             if cell is None:
                 continue
-            protocol = project.protocol(paper, cell["setting"], cell["protocol"] or item.protocol)
+            protocol = project.resolver.protocol(paper, cell["setting"], cell["protocol"] or item.protocol)
             eval_key = column_eval(col, protocol) or cell["eval"]
             for seed in seeds:
                 key = paths.RunKey(paper, protocol, cell["setting"], cell["method"], seed)
@@ -243,10 +243,10 @@ def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
 def method_notes(item: ReportItem) -> list[str]:
     """What the methods of this table's runs say about themselves (``FederatedMethod.caption_note``)."""
     methods, notes = item.project.papers[item.paper]["methods"], {}
-    for key in item.project.table_runs(item.paper, item.name, item.protocol):
+    for key in item.project.plan.table_runs(item.paper, item.name, item.protocol):
         variant = methods[key.method]
         note = method_class(variant.get("method", key.method)).caption_note(
-            item.project.method_params(item.paper, key.method, key.protocol))
+            item.project.resolver.method_params(item.paper, key.method, key.protocol))
         if note:
             notes.setdefault(f"{variant.get('label', key.method)} {note.rstrip('.')}.", None)
     return list(notes)
@@ -258,7 +258,7 @@ def bar_exemptions(item: ReportItem) -> list[str]:
     if not item.project.config.get("evidence"):
         return []
     methods = item.project.papers[item.paper]["methods"]
-    exempt = dict.fromkeys(key.method for key in item.project.table_runs(item.paper, item.name, item.protocol)
+    exempt = dict.fromkeys(key.method for key in item.project.plan.table_runs(item.paper, item.name, item.protocol)
                            if methods[key.method].get("bar_exemption"))
     return [f"{methods[m].get('label', m)} is not expected to clear the learning bar: {methods[m]['bar_exemption'].rstrip('.')}."
             for m in exempt]

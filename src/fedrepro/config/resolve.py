@@ -1,0 +1,262 @@
+"""Resolution: the nested configuration of one (paper, protocol, setting, method variant, seed) turned into the
+flat, fully explicit config of one job, with every default filled in. Its canonical-JSON hash is the run's identity
+in the provenance manifest and a Snakemake ``params`` value, so editing any hyper-parameter reruns exactly the runs it
+affects.
+
+The train block of a run = the paper's ``defaults`` <- its ``protocols.<protocol>.train`` <- the setting's ``train``
+<- the method variant's ``train`` <- the variant's override for the protocol (deep merge), an overlay's scale, then the
+schema defaults."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import paths
+from ..io import hash_obj
+from ..paths import RunKey
+from .files import ConfigError, check_choice, deep_merge, input_kind, load_schema, model_schema, validate
+
+if TYPE_CHECKING:
+    from .loaded import LoadedConfig
+
+# the paper protocol computes as the authors did: fp32 unless a paper file names the authors' own precision
+# for a method (protocols: {paper: {train: {precision: ...}}}, e.g. FACMIC's and FAA-CLIP's fp16_weights)
+PAPER_PRECISION = "fp32"
+
+
+class Resolver:
+    """The complete config of every job of a loaded configuration (resolved once per key, copied out: every seed's run
+    asks for the same train block, and validation is the slow part of planning)."""
+
+    def __init__(self, loaded: LoadedConfig):
+        self.loaded = loaded
+        self.papers = loaded.papers
+        self.config = loaded.config
+        self.overlays = loaded.overlays
+        self.root = loaded.root
+        self._train_configs: dict[tuple[str, str, str, str], dict] = {}
+        self._run_configs: dict[RunKey, dict] = {}
+
+    @property
+    def protocols(self) -> list[str]:
+        return self.loaded.protocols
+
+    def run_key(self, paper: str, setting: str, method: str, seed: int, protocol: str | None = None) -> RunKey:
+        """The run of (paper, setting, method, seed) under ``protocol`` (default: the first configured),
+        or under the protocol its setting pins."""
+        return RunKey(paper, self.protocol(paper, setting, protocol or self.protocols[0]), setting, method, seed)
+
+    def protocol(self, paper: str, setting: str, protocol: str) -> str:
+        """The protocol a run of ``setting`` uses when a table or figure is built for ``protocol``: the
+        setting's own ``protocol`` if it pins one (e.g. a reproduction of the authors' index bug), else
+        ``protocol``."""
+        return self.papers[paper]["settings"][setting].get("protocol", protocol)
+
+    def protocol_override(self, paper: str, method: str, protocol: str) -> dict:
+        """What a method variant changes under ``protocol`` (``protocols: {paper: {params, train}}``): e.g.
+        the authors' code's behaviour that moves published numbers, on under ``paper`` only."""
+        return self.papers[paper]["methods"][method].get("protocols", {}).get(protocol, {})
+
+    def method_params(self, paper: str, method: str, protocol: str) -> dict:
+        """The variant's ``params`` with its override for ``protocol`` merged in (an overlay's scale applied)."""
+        variant = self.papers[paper]["methods"][method]
+        params = deep_merge(variant.get("params", {}), self.protocol_override(paper, method, protocol).get("params"))
+        overlay = self.overlays.get(paper)
+        return overlay.scale_params(variant.get("method", method), params) if overlay else params
+
+    def train_config(self, paper: str, setting: str, method: str, protocol: str) -> dict:
+        """The merged, validated train block of (paper, setting, method) under ``protocol``; resolved
+        once, copied out (every seed's run asks for it, and validation is the slow part of planning)."""
+        key = (paper, setting, method, protocol)
+        if key not in self._train_configs:
+            self._train_configs[key] = self._resolve_train_config(*key)
+        return copy.deepcopy(self._train_configs[key])
+
+    def _resolve_train_config(self, paper: str, setting: str, method: str, protocol: str) -> dict:
+        p = self.papers[paper]
+        # the paper's defaults for this protocol (protocols: {paper: {train: ...}}), then the setting's and the method's
+        train = deep_merge(p["defaults"], p.get("protocols", {}).get(protocol, {}).get("train"))
+        train = deep_merge(deep_merge(train, p["settings"][setting].get("train")), p["methods"][method].get("train"))
+        train = deep_merge(train, self.protocol_override(paper, method, protocol).get("train"))
+        if paper in self.overlays:
+            train = self.overlays[paper].apply_train(train, method)
+        if protocol == "paper":
+            train.setdefault("precision", PAPER_PRECISION)
+        where = f"{paper}: settings/{setting} x methods/{method}: train"
+        missing = [k for k in ("rounds", "batch_size", "model", "optimizer") if k not in train]
+        if missing:
+            raise ConfigError(f"{where}: missing {missing} (set them in defaults, the setting or the method)")
+        from ..registry import MODELS
+
+        check_choice(train["model"].get("family"), MODELS.names(), f"{where}/model/family")
+        validate(train["model"], model_schema(train["model"]["family"]), f"{where}/model")
+        schema = load_schema(str(self.root.resolve()), "paper.schema.yaml")
+        return validate(train, {"$defs": schema["$defs"], **schema["$defs"]["resolved_train"]}, where)
+
+    def setting(self, paper: str, setting: str, protocol: str = "clean") -> dict:
+        """The setting as runs of ``protocol`` read it: the ``dataset`` and the whole ``split`` its
+        ``protocols: {<protocol>: {dataset, split}}`` names instead (e.g. the paper protocol's skin set with the
+        sources' overlap, or FedIIC's own split of ISIC, as the authors built them)."""
+        s = self.papers[paper]["settings"][setting]
+        override = s.get("protocols", {}).get(self.protocol(paper, setting, protocol), {})
+        return {**s, "dataset": override.get("dataset", s["dataset"]), "split": override.get("split", s["split"])}
+
+    def split_seed(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> int:
+        value = self.setting(paper, setting, protocol)["split"].get("seed", 0)
+        return seed if value == "run" else int(value)
+
+    def split_id(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> str:
+        s = self.setting(paper, setting, protocol)
+        spec = {k: v for k, v in s["split"].items() if k != "seed"}
+        split_seed = self.split_seed(paper, setting, seed, protocol)
+        alpha = f"-a{spec['alpha']:g}" if "alpha" in spec else ""
+        clients = f"-c{spec['clients']}" if "clients" in spec else ""
+        return f"{s['dataset']}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([s['dataset'], spec], 6)}"
+
+    def jpeg_draft(self, protocol: str) -> bool:
+        """Whether runs of ``protocol`` decode large JPEGs with DCT scaling (``data.jpeg_draft``; auto = not
+        under the paper protocol, whose pixels are the authors')."""
+        setting = self.config["data"]["jpeg_draft"]
+        return protocol != "paper" if setting == "auto" else bool(setting)
+
+    def features_key(self, model: dict, draft: bool) -> str | None:
+        if input_kind(model["family"]) != "features":
+            return None
+        enc = model.get("encoder", {})
+        size = f"-{enc['image_size']}px" if enc.get("image_size") else ""
+        tag = re.sub(r"[^A-Za-z0-9.]+", "_", Path(enc["pretrained"]).stem if "/" in enc["pretrained"] else enc["pretrained"])
+        full = "" if draft else "-full"   # images decoded without JPEG DCT scaling
+        # the encoder's precision, where it is not fp32 (the hash holds it too; an fp32 spec's key is as before)
+        half = "-fp16w" if enc.get("precision", "fp32") == "fp16_weights" else ""
+        return f"{enc['name']}-{tag}-{enc['preprocess']}{size}{full}{half}-{hash_obj(enc, 6)}"
+
+    def image_cache_paths(self, dataset: str, model: dict, draft: bool) -> dict[str, str] | None:
+        """{"train": file, "eval": file} of the decode-once image caches an image run reads (None for
+        runs on cached features, or with ``data.image_cache: false``)."""
+        if input_kind(model["family"]) == "features" or not self.config["data"]["image_cache"]:
+            return None
+        from ..models.decoding import decode_specs
+
+        specs = decode_specs(model, draft=draft)
+        return {part: paths.image_cache(dataset, spec.key) for part, spec in specs.items()}
+
+    def run_config(self, key: RunKey) -> dict:
+        """The complete, explicit configuration of one training job (resolved once, copied out)."""
+        if key not in self._run_configs:
+            self._run_configs[key] = self._resolve_run_config(key)
+        return copy.deepcopy(self._run_configs[key])
+
+    def _resolve_run_config(self, key: RunKey) -> dict:
+        paper = self.papers[key.paper]
+        setting = self.setting(key.paper, key.setting, key.protocol)
+        variant = paper["methods"][key.method]
+        train = self.train_config(key.paper, key.setting, key.method, key.protocol)
+        draft = self.jpeg_draft(key.protocol)
+        features_key = self.features_key(train["model"], draft)
+        split_id = self.split_id(key.paper, key.setting, key.seed, key.protocol)
+        run = {
+            "paper": key.paper,
+            "setting": key.setting,
+            "method": key.method,
+            "seed": key.seed,
+            "protocol": key.protocol,
+            "dataset": setting["dataset"],
+            "algorithm": {"name": variant.get("method", key.method), "params": self.method_params(key.paper, key.method, key.protocol)},
+            "train": train,
+            "input": input_kind(train["model"]["family"]),
+            "split_id": split_id,
+            "features": {"key": features_key, "encoder": train["model"].get("encoder", {})} if features_key else None,
+            "paths": {
+                "raw_dir": self.config["data"]["raw_dir"],
+                "manifest": paths.manifest(setting["dataset"]),
+                "split": paths.split(split_id),
+                "features": paths.features(setting["dataset"], features_key) if features_key else None,
+                "images": self.image_cache_paths(setting["dataset"], train["model"], draft),
+                "out": paths.run_dir(key),
+                "checkpoints": paths.checkpoint_dir(key),
+            },
+            "device": self.config["device"],
+            "deterministic": self.config["deterministic"],
+            "threads": self.config["threads"],
+            "corrupt_images": self.config["data"]["corrupt_images"],
+            "jpeg_draft": draft,
+        }
+        run["config_hash"] = hash_obj(run)
+        return run
+
+    def downstream_config(self, key: RunKey, task: str) -> dict:
+        """The complete configuration of one downstream evaluation (``task``) of a pre-trained run."""
+        spec = self.papers[key.paper]["downstream"][task]
+        run = self.run_config(key)
+        job = {
+            "task": task,
+            "spec": spec,
+            "seed": key.seed,
+            "run": run,
+            "paths": {
+                "raw_dir": self.config["data"]["raw_dir"],
+                "manifest": paths.manifest(spec["dataset"]),
+                "checkpoint": paths.model_file(key),
+                "metrics": paths.run_file(key),
+            },
+            "device": self.config["device"],
+            "deterministic": self.config["deterministic"],
+            "threads": self.config["threads"],
+        }
+        job["config_hash"] = hash_obj(job)
+        return job
+
+    def embed_job(self, key: RunKey, figure: str) -> dict:
+        """What the ``embed`` rule extracts from run ``key``'s trained model for ``figure`` (fedrepro.embed)."""
+        spec = self.papers[key.paper]["figures"][figure]
+        return {"run": self.run_config(key), "figure": {"name": figure, **spec}, "checkpoint": paths.model_file(key)}
+
+    def resolved_cells(self, paper: str, table: str, protocol: str) -> list[dict]:
+        """Every run cell of a table built for ``protocol``, resolved (derived 'mean_of' and blank cells
+        excluded); a cell's own ``protocol`` (row, column or table) or its setting's wins."""
+        spec = self.papers[paper]["tables"][table]
+        if spec["kind"] != "runs":
+            return []
+        out = []
+        for i, row in enumerate(spec.get("rows", [])):
+            for col in spec.get("columns", []):
+                cell = resolve_cell(spec, row, col)
+                if cell is not None:
+                    cell["protocol"] = self.protocol(paper, cell["setting"], cell["protocol"] or protocol)
+                    cell["eval"] = column_eval(col, cell["protocol"]) or cell["eval"]
+                    cell["where"] = f"rows/{row.get('label') or row.get('method') or i} x columns/{col['label']}"
+                    out.append(cell)
+        return out
+
+
+def resolve_cell(table: dict, row: dict, col: dict) -> dict | None:
+    """The run and metric behind one table cell, or None for a blank or derived cell."""
+    if "mean_of" in col:
+        return None
+    if "only" in row and col["label"] not in row["only"]:
+        return None
+    setting = row.get("settings", {}).get(col["label"]) or row.get("setting") or col.get("setting")
+    method = row.get("methods", {}).get(col["label"]) or row.get("method") or col.get("method")
+    if setting is None or method is None:
+        return None
+    return {
+        "setting": setting,
+        "method": method,
+        "metric": col.get("metric") or row.get("metric") or table.get("metric", "acc"),
+        "eval": row.get("evals", {}).get(col["label"]) or col.get("eval") or row.get("eval") or table.get("eval", "global"),
+        "scale": col.get("scale", table.get("scale", 100)),
+        # a downstream task's result file instead of the run's metrics.json (None: metrics.json)
+        "task": col.get("task") or row.get("task") or table.get("task"),
+        # a protocol the cell pins (protocol-comparison tables); None = the table's
+        "protocol": col.get("protocol") or row.get("protocol") or table.get("protocol"),
+    }
+
+
+def column_eval(col: dict, protocol: str) -> str | None:
+    """The eval key a column reads from runs of ``protocol`` when it names one (``protocols: {<protocol>:
+    {eval}}``, e.g. the authors' pooled per-client accuracy under ``paper``), else None."""
+    return col.get("protocols", {}).get(protocol, {}).get("eval")
+
