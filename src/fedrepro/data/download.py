@@ -610,10 +610,14 @@ def download_dataset(spec: DatasetSpec, raw_root: Path, env: dict | None = None)
     """Fetch, verify and unpack every source; write the completion marker last. Idempotent: a source
     whose files are in place is skipped; manual steps are collected and raised together after every
     source that can be fetched has been."""
-    from . import demo
+    from . import demo, folder
 
     dataset_dir = Path(raw_root) / spec.name
     marker = dataset_dir / COMPLETE_MARKER
+    if folder.is_folder(spec):      # the user's own files: checked and linked in, every time (the CSV may be new)
+        folder.link_folder(spec, dataset_dir)
+        write_text(marker, "verified\n")
+        return dataset_dir
     if marker.exists():
         if spec.materialise or spec.depends_on or placed_by_hand(spec, dataset_dir):
             return dataset_dir
@@ -651,9 +655,15 @@ def download_dataset(spec: DatasetSpec, raw_root: Path, env: dict | None = None)
 def check_dataset(spec: DatasetSpec, raw_root: Path) -> tuple[bool, list[str]]:
     """Is the dataset in place? -> (complete, report lines), changing nothing: archives are checked
     against their pinned or recorded digests (none is recorded), each source's files looked for."""
+    from . import folder
+
     dataset_dir = Path(raw_root) / spec.name
     if spec.depends_on:
         return True, [f"derived from {', '.join(spec.depends_on)} (check those)"]
+    if folder.is_folder(spec):
+        folder.check_folder(spec, f"dataset {spec.name!r}")
+        return (dataset_dir / COMPLETE_MARKER).exists(), [f"your folder {spec.options['images']} and labels "
+                                                          f"{spec.options['labels']}: every image listed reads"]
     if spec.materialise:
         return (dataset_dir / COMPLETE_MARKER).exists(), ["offline demo data, built by `fedrepro download`"]
     ok, lines = True, []
