@@ -160,8 +160,10 @@ def cmd_scorecard(args) -> None:
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
     stand_ins = [f"{project.papers[p]['title']}: {stand_in(project, p).rstrip('.')}." for p in papers if stand_in(project, p)]
-    scorecard.write(scorecard.build(tables), title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")),
-                    stand_ins)
+    added = project.extension.added if project.extension else {}
+    card = scorecard.build(tables, {(paper, table): added[(paper, table)] for paper, table, _, _ in tables
+                                    if (paper, table) in added})
+    scorecard.write(card, title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), stand_ins)
 
 
 def cmd_evidence(args) -> None:
@@ -252,6 +254,7 @@ def cmd_estimate(args) -> None:
 
 def cmd_validate(args) -> None:
     from .config import load_project
+    from .registry import plugins_loaded
 
     project = load_project(args.configfile or None)
     runs = project.plan.runs()
@@ -259,6 +262,16 @@ def cmd_validate(args) -> None:
           f"{len(list(project.plan.figures()))} figures, {len(project.plan.splits())} splits, {len(project.plan.features())} feature caches, "
           f"{len(project.plan.downstream_jobs())} downstream evaluations, {len(project.plan.weights())} pretrained weights "
           f"resources (fedrepro weights --list)")
+    for origin, found in plugins_loaded().items():
+        entries = "; ".join(f"{len(names)} {kind}{'s' if len(names) > 1 else ''} ({', '.join(names)})"
+                            for kind, names in found["entries"].items())
+        print(f"{'declared in' if origin == 'config' else f'plug-in {origin}'} ({found['how']}): {entries}")
+    if project.extension:
+        from . import paths
+
+        print(f"extension {project.extension.name}: its tables, scorecards and evidence go to "
+              f"{paths.extension_dir(project.extension.name)}/")
+        print("\n".join(project.extension.notes()))
 
 
 def attach_log(log_file: str | Path) -> None:
@@ -443,11 +456,12 @@ def main(argv: list[str] | None = None) -> None:
     from .fl.memory import InsufficientMemory
     from .io import BrokenFile, DiskFull, StaleInput
     from .models.weights import WeightsError
+    from .registry import PluginError
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
-            WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput) as error:
+            WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput, PluginError) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

@@ -18,10 +18,6 @@ from fedrepro.models.weights import check as check_weights
 from fedrepro.paths import RunKey
 
 
-envvars:
-    "PATH",
-
-
 # jobs call the `fedrepro` CLI; make the one installed next to this Snakemake win when the user
 # did not activate the environment (conda deployment activates its own env, which then wins)
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
@@ -31,6 +27,19 @@ try:
     PROJECT = Project(config, root=workflow.basedir)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration:\n{error}")
+
+# every job loads the configuration's plug-ins and folder datasets as this process did (FEDREPRO_PLUGINS,
+# FEDREPRO_DATASETS): local jobs and the fork-server's children inherit the environment, SLURM jobs get the
+# variables named below
+os.environ.update(PROJECT.job_environment())
+for line in PROJECT.extension.notes() if PROJECT.extension else []:
+    print(f"fedrepro: {line}", file=sys.stderr)
+
+
+envvars:
+    "PATH",
+    "FEDREPRO_PLUGINS",
+    "FEDREPRO_DATASETS",
 
 RAW = PROJECT.config["data"]["raw_dir"]
 RUNS = {key.path: key for key in PROJECT.plan.runs()}
@@ -85,6 +94,15 @@ def all_outputs(wildcards=None) -> list[str]:
 def raw_root(marker: str) -> str:
     """The raw-data root of a dataset's marker file (``<root>/<dataset>/.complete``)."""
     return str(Path(marker).parent.parent)
+
+
+def download_inputs(wildcards) -> list[str]:
+    """A folder dataset's labels CSV (fedrepro.data.folder): a new CSV links and prepares the dataset again."""
+    from fedrepro.data.folder import is_folder
+    from fedrepro.registry import dataset as dataset_spec
+
+    spec = dataset_spec(wildcards.dataset)
+    return [spec.options["labels"]] if is_folder(spec) else []
 
 
 def prepare_inputs(wildcards):

@@ -8,7 +8,10 @@ localrules:
 
 
 rule download:
-    """Fetch and verify one dataset's raw files (local: compute nodes often have no internet)."""
+    """Fetch and verify one dataset's raw files (local: compute nodes often have no internet); a folder dataset
+    (your own images and labels CSV) is checked and linked in."""
+    input:
+        download_inputs,
     output:
         marker=paths.raw_marker("{dataset}", RAW),
     params:

@@ -217,8 +217,11 @@ class Resolver:
     def resolved_cells(self, paper: str, table: str, protocol: str) -> list[dict]:
         """Every run cell of a table built for ``protocol``, resolved (derived 'mean_of' and blank cells
         excluded); a cell's own ``protocol`` (row, column or table) or its setting's wins."""
-        spec = self.papers[paper]["tables"][table]
-        if spec["kind"] != "runs":
+        return self.cells(paper, self.papers[paper]["tables"][table], protocol)
+
+    def cells(self, paper: str, spec: dict, protocol: str) -> list[dict]:
+        """:meth:`resolved_cells` of a table ``spec`` of ``paper`` (one in the paper file, or one being made)."""
+        if spec.get("kind", "runs") != "runs":
             return []
         out = []
         for i, row in enumerate(spec.get("rows", [])):

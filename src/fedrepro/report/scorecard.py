@@ -7,7 +7,9 @@ difference (ours − published) and a verdict:
 - ``reproduced``  the published value lies inside our 95% interval;
 - ``above`` / ``below``  our whole interval lies above / below the published value;
 - ``no interval``  fewer than two seeds: there is no interval to judge by;
-- ``not run``  the paper printed a value, we have none.
+- ``not run``  the paper printed a value, we have none;
+- ``unpublished``  a cell an extension added (its method's row, or its setting's table: docs/plugins.md): ours
+  only, beside the published cells it is compared with in the table; not counted in the summary line.
 
 Cells whose published value the project derived or assembled (formulas expanded, values taken from
 another table) are marked ``derived`` by the published CSV itself (:mod:`fedrepro.report.published`); the
@@ -31,9 +33,9 @@ import pandas as pd
 
 from ..io import write_csv, write_text
 
-VERDICTS = ("reproduced", "above", "below", "no interval", "not run")
+VERDICTS = ("reproduced", "above", "below", "no interval", "not run", "unpublished")
 VERDICT_COLOURS = {"reproduced": "#2e7d32", "above": "#ef6c00", "below": "#c62828", "no interval": "#757575",
-                   "not run": "#757575"}
+                   "not run": "#757575", "unpublished": "#1565c0"}
 COLUMNS = ["paper", "table", "protocol", "row", "column", "mean", "ci_low", "ci_high", "n", "published",
            "delta", "verdict", "derived", "published_mark", "published_note"]
 
@@ -50,10 +52,14 @@ def verdict(mean: float, half_width: float, n: int, published: float) -> str:
     return "reproduced"
 
 
-def cells(table_csv: str | Path, paper: str, table: str, protocol: str) -> pd.DataFrame:
-    """The scorecard rows of one table CSV (``results/tables/...csv``): its cells with a published value."""
+def cells(table_csv: str | Path, paper: str, table: str, protocol: str, added: dict | None = None) -> pd.DataFrame:
+    """The scorecard rows of one table CSV (``results/tables/...csv``): its cells with a published value, and the
+    cells an extension ``added`` ({"rows", "columns": labels, "all": the whole table is the extension's})."""
     frame = pd.read_csv(table_csv, dtype={"row": str, "column": str}, keep_default_na=False, na_values=[""])
-    frame = frame[frame["published"].notna()]
+    added = added or {}
+    ours = frame["row"].isin(added.get("rows", ())) | frame["column"].isin(added.get("columns", ()))
+    ours = ours | bool(added.get("all"))
+    frame = frame[frame["published"].notna() | ours]
     if "derived" not in frame:
         frame = frame.assign(derived=False)
     for column in ("published_mark", "published_note"):
@@ -67,13 +73,16 @@ def cells(table_csv: str | Path, paper: str, table: str, protocol: str) -> pd.Da
         "delta": frame["mean"] - frame["published"], "derived": frame["derived"],
         "published_mark": frame["published_mark"], "published_note": frame["published_note"],
     })
-    out["verdict"] = [verdict(m, h, n, p) for m, h, n, p in zip(frame["mean"], frame["ci95"], out["n"], frame["published"])]
+    out["verdict"] = [verdict(m, h, n, p) if not math.isnan(p) else "unpublished"
+                      for m, h, n, p in zip(frame["mean"], frame["ci95"], out["n"], frame["published"])]
     return out[COLUMNS].reset_index(drop=True)
 
 
-def build(tables: list[tuple[str, str, str, str | Path]]) -> pd.DataFrame:
-    """``tables``: (paper, table, protocol, csv path) of every table to score."""
-    parts = [cells(path, paper, table, protocol) for paper, table, protocol, path in tables]
+def build(tables: list[tuple[str, str, str, str | Path]], added: dict | None = None) -> pd.DataFrame:
+    """``tables``: (paper, table, protocol, csv path) of every table to score; ``added``: (paper, table) -> the
+    cells an extension added to it (:func:`cells`)."""
+    parts = [cells(path, paper, table, protocol, (added or {}).get((paper, table)))
+             for paper, table, protocol, path in tables]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
 
 
@@ -81,11 +90,14 @@ def summary_line(card: pd.DataFrame, paper: str | None = None) -> str:
     """e.g. "FACMIC (clean): 12 of 40 cells within the 95% interval (30 above, 2 below, 1 not run)"."""
     lines = []
     for (name, protocol), part in card.groupby(["paper", "protocol"], sort=False):
+        ours = int((part["verdict"] == "unpublished").sum())
+        part = part[part["verdict"] != "unpublished"]
         counts = part["verdict"].value_counts()
         judged = len(part) - counts.get("not run", 0) - counts.get("no interval", 0)
-        rest = ", ".join(f"{counts[v]} {v}" for v in VERDICTS[1:] if counts.get(v, 0))
+        rest = ", ".join(f"{counts[v]} {v}" for v in VERDICTS[1:-1] if counts.get(v, 0))
         lines.append(f"{paper or name} ({protocol}): {counts.get('reproduced', 0)} of {len(part)} cells within the "
-                     f"95% interval" + (f" ({rest})" if rest else "") + (f"; {judged} judged" if judged != len(part) else ""))
+                     f"95% interval" + (f" ({rest})" if rest else "") + (f"; {judged} judged" if judged != len(part) else "")
+                     + (f"; and {ours} cells of the extension, which have no published value" if ours else ""))
     return "\n".join(lines) if lines else f"{paper or 'all papers'}: no published cell to score"
 
 
@@ -127,7 +139,8 @@ def render_markdown(card: pd.DataFrame, title: str, stand_ins: list[str] | None 
 
 def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand_ins: list[str] | None = None) -> str:
     """The scorecard page; ``figure``: a PNG file, embedded as a data URI."""
-    colour = {"reproduced": "#d9f2d9", "above": "#fff2cc", "below": "#f8d7da", "not run": "#eeeeee", "no interval": "#eeeeee"}
+    colour = {"reproduced": "#d9f2d9", "above": "#fff2cc", "below": "#f8d7da", "not run": "#eeeeee", "no interval": "#eeeeee",
+              "unpublished": "#e3f2fd"}
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     body = "".join("<tr style='background:{}'>{}</tr>".format(colour[r[-1]], "".join(f"<td>{html.escape(c)}</td>" for c in r))
                    for r in _rows(card))
@@ -154,7 +167,7 @@ def plot(card: pd.DataFrame, title: str, out_png: str | Path) -> None:
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 5.2))
-    run = card[card["n"] > 0]
+    run = card[(card["n"] > 0) & card["published"].notna()]
     markers = {"clean": "o", "paper": "s"}
     for (protocol, verdict_name), part in run.groupby(["protocol", "verdict"]):
         err = np.vstack([part["mean"] - part["ci_low"], part["ci_high"] - part["mean"]])
