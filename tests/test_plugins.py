@@ -221,10 +221,39 @@ def shapes(folder: Path, rows: list[tuple[str, str]], broken: str | None = None)
     return {"images": str(folder / "images"), "labels": str(folder / "labels.csv"), "classes": ["circle", "square"]}
 
 
-def with_dataset(declaration: dict) -> dict:
+def with_dataset(declaration: dict, split: dict | None = None) -> dict:
     return {"datasets": {"toy": declaration}, "extension": {"name": "toy", "settings": {"toy": {
-        "dataset": "toy", "split": {"kind": "iid", "clients": 2, "global_test": {"fraction": 0.25}},
+        "dataset": "toy", "split": split or {"kind": "iid", "clients": 2, "global_test": {"fraction": 0.25}},
         "papers": {"fediic": "lt_creff"}}}}}
+
+
+SPLITTER_MODULE = '''
+import numpy as np
+from fedrepro.registry import splitter
+
+
+@splitter("halves")
+def halves(labels, sources, spec, rng):
+    """The pool cut in two at spec["options"]["at"]: a researcher's own splitter."""
+    order = rng.permutation(len(labels))
+    cut = int(len(labels) * spec["options"]["at"])
+    return [np.sort(order[:cut]), np.sort(order[cut:])]
+'''
+
+
+def test_a_plugin_splitter_splits_a_folder_dataset(plugins):
+    from fedrepro.data.partition import make_split
+
+    distribution(plugins / "site", "fedrepro-halves", "halves_plugin", SPLITTER_MODULE)
+    rows = [(f"{c}{i}.png", c) for c in ("circle", "square") for i in range(10)]
+    split = {"kind": "halves", "options": {"at": 0.25}, "ratios": {"train": 1.0, "val": 0.0, "test": 0.0}}
+    proj = project(with_dataset(shapes(plugins / "toy", rows), split))
+    spec = proj.resolver.setting("fediic", "toy")["split"]
+    manifest = pd.DataFrame({"label": [0] * 10 + [1] * 10, "source": "", "split": "", "path": [r[0] for r in rows]})
+    parts = make_split(manifest, spec, 0)
+    assert [len(parts.clients[c]["train"]) for c in sorted(parts.clients)] == [5, 15]
+    with pytest.raises(ConfigError, match=r"split/kind: 'halvs' is not allowed \(did you mean 'halves'\?\)"):
+        project(with_dataset(shapes(plugins / "toy2", rows), {**split, "kind": "halvs"}))
 
 
 def test_a_folder_dataset_becomes_a_setting_of_twin_tables(plugins):
