@@ -343,3 +343,13 @@ def test_a_forked_job_sees_what_its_environment_adds_to_the_import_path(tmp_path
     monkeypatch.setenv("PYTHONPATH", str(extra))
     forkserver.refresh_import_path()
     assert str(extra) in sys.path and str(tmp_path / "editable") in sys.path
+
+
+def test_a_twin_in_an_overlay_paper_gets_what_the_overlay_gives_its_baseline(plugins):
+    """The evidence run's FedDRA overlay gives FedMAE a ViT of its own; FedMAE's twin trains that ViT too."""
+    proj = load_project([ROOT / "config/evidence.yaml"], root=ROOT, overrides={
+        "papers": ["feddra"], "extension": {"name": "ev", "methods": {"mine3": {
+            "method": "fedprox", "like": "fedmae", "papers": ["feddra"]}}}})
+    setting = next(iter(proj.papers["feddra"]["settings"]))
+    twin, base = (proj.resolver.run_config(proj.resolver.run_key("feddra", setting, m, 0)) for m in ("mine3_convirt", "fedmae_convirt"))
+    assert twin["train"]["model"]["image"]["backbone"] == "test_vit" and twin["train"] == base["train"]

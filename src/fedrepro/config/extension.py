@@ -261,6 +261,11 @@ class Extension:
         return None
 
     # ---- helpers ------------------------------------------------------------------------------------
+    def baseline_of(self, paper: str, variant: str) -> str:
+        """The paper's variant that ``variant`` is a twin of (itself for any other): what an overlay (the evidence
+        run) adds to a variant's train block, it adds to its twin's too."""
+        return next((b for (p, _, b), twin in self._variants.items() if p == paper and twin == variant), variant)
+
     def skip(self, paper: str, table: str, why: str) -> None:
         self.skipped.append((paper, table, why))
 

@@ -81,8 +81,9 @@ class Resolver:
         train = deep_merge(p["defaults"], p.get("protocols", {}).get(protocol, {}).get("train"))
         train = deep_merge(deep_merge(train, p["settings"][setting].get("train")), p["methods"][method].get("train"))
         train = deep_merge(train, self.protocol_override(paper, method, protocol).get("train"))
-        if paper in self.overlays:
-            train = self.overlays[paper].apply_train(train, method)
+        if paper in self.overlays:      # (an extension's twin of a variant gets what the overlay gives that variant)
+            extension = self.loaded.extension
+            train = self.overlays[paper].apply_train(train, extension.baseline_of(paper, method) if extension else method)
         if protocol == "paper":
             train.setdefault("precision", PAPER_PRECISION)
         where = f"{paper}: settings/{setting} x methods/{method}: train"
