@@ -175,6 +175,12 @@ def test_a_method_that_cannot_train_the_rows_runs_is_skipped_saying_why(plugins)
     assert "featonly" not in proj.papers["fediic"]["methods"]
 
 
+def test_an_extension_that_fits_nowhere_says_why_for_every_table(plugins):
+    with pytest.raises(ConfigError, match=r"(?s)config: extension \(mine\) adds nothing to any table:\n.*facmic/table2 skipped: "
+                                          r"no row of algorithm fedavg"):
+        project(extension(mine2={"method": "fedprox", "papers": ["facmic"]}))
+
+
 def test_params_the_schema_rejects_and_misspelt_keys_stop_before_any_job(plugins):
     distribution(plugins / "site", "fedrepro-mine", "mine_plugin", METHOD_MODULE.format(name="mine", inputs=registry.INPUTS))
     with pytest.raises(ConfigError, match=r"config: extension/methods/mine/params: 'beta' = 3 is out of range; allowed: 0 <= value <= 1"):

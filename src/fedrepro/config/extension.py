@@ -228,6 +228,9 @@ class Extension:
                 for axis in ("rows", "columns"):
                     for entry in spec.get(axis, []):
                         entry.pop(TWIN, None)
+        if not self.added:
+            raise ConfigError(f"{self.where} ({self.name}) adds nothing to any table:\n" + "\n".join(self.notes())
+                              + "\nJoin other papers or tables, or choose another `like`.")
         used = {m for view in self.loaded.papers.values() for t in view["tables"].values()
                 for e in [*t.get("rows", []), *t.get("columns", [])] for m in self.variants_of(e)}
         for view in self.loaded.papers.values():    # twin variants no table kept
