@@ -14,6 +14,8 @@ live side by side and never overwrite each other.
                                                           every file's SHA-256, the source and its revision;
                                                           .fetch.json: when, with which library versions)
     resources/model_profiles/<key>.json                   a model's memory figures (a cache, fedrepro.fl.memory)
+    benchmarks/gpu/<device>.csv                           a GPU's measured throughput table (fedrepro.throughput)
+    benchmarks/dataset_sizes.csv                          images per dataset where no split file is there (assumptions)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
     results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt and clients/ while running)
@@ -108,6 +110,21 @@ def weights_fetch_record(weights_id: str, root: str = WEIGHTS_DIR) -> str:
 def model_profile(key: str) -> str:
     """A model's and method's memory figures, computed once on the meta device (fedrepro.fl.memory)."""
     return f"resources/model_profiles/{key}.json"
+
+
+THROUGHPUT_DIR = "benchmarks/gpu"
+DATASET_SIZES = "benchmarks/dataset_sizes.csv"
+SLURM_PROFILE = "workflow/profiles/slurm/config.yaml"
+
+
+def throughput_dir() -> str:
+    """Where the GPU throughput tables live (``benchmarks/train_step.py --device cuda`` writes them)."""
+    return THROUGHPUT_DIR
+
+
+def throughput_table(device_slug: str) -> str:
+    """One GPU's throughput table (:func:`fedrepro.throughput.slug` of its device name)."""
+    return f"{THROUGHPUT_DIR}/{device_slug}.csv"
 
 
 def published(relative: str) -> str:
