@@ -226,13 +226,25 @@ def cmd_weights(args) -> None:
 
 
 def cmd_estimate(args) -> None:
-    from .config import ConfigError, load_project
+    from . import cost, plan
+    from .config import ConfigError, check_choice, load_project
     from .fl.memory import fmt, planned
+    from .throughput import choose
 
     project = load_project(args.configfile or None)
+    authors = cost.AuthorsWay(args.authors_loader_cores, args.decode_img_s)
+    if args.paper and not args.setting and (args.paper == "all" or "/" in args.paper or "." in args.paper):
+        target = plan.resolve(project, args.paper)          # a file snakemake builds, or all
+        table, why = choose(args.throughput, args.gpu)
+        print("\n".join(plan.summary(project, target, table, why, authors)))
+        return
     if args.paper:
+        check_choice(args.paper, project.papers, "fedrepro estimate: paper")
         if not (args.setting and args.method):
-            raise ConfigError("fedrepro estimate <paper> <setting> <method>: give all three (or none for the grid)")
+            raise ConfigError("fedrepro estimate <paper> <setting> <method>: give all three, a target file (e.g. "
+                              "results/tables/clean/facmic/table2.md), or nothing for a line per run of the grid")
+        check_choice(args.setting, project.papers[args.paper]["settings"], f"fedrepro estimate: setting of {args.paper}")
+        check_choice(args.method, project.papers[args.paper]["methods"], f"fedrepro estimate: method of {args.paper}")
         key = project.resolver.run_key(args.paper, args.setting, args.method, args.seed if args.seed is not None else project.seeds[0],
                               args.protocol)
         if key not in set(project.plan.runs()):
@@ -240,6 +252,21 @@ def cmd_estimate(args) -> None:
         est = planned(project, key, args.workers, args.device)
         print("\n".join(est.lines()))
         print(f"request: mem_mb={est.host_mb()}" + (f" gpu_mem_mb={est.gpu_mb()}" if est.gpu else ""))
+        table, why = choose(args.throughput, args.gpu)
+        if table is None:
+            print(f"time: cannot be given in GPU-hours: {why}")
+            return
+        run_cost = cost.run_cost(project, key, table, authors, profile=est.profile)
+        request = cost.train_request(project, key, est, table)
+        for missing in run_cost.missing:
+            print(f"time: not measured: {missing}")
+        if run_cost.ours_s is not None:
+            where = "on the GPU" if run_cost.on_gpu else "(on a CPU in the workflow; at this device's rate)"
+            print(f"time on {table.describe()}: ours {run_cost.ours_s / 3600:.2f} h {where}"
+                  + (f", the authors' way {run_cost.authors_s / 3600:.2f} h" if run_cost.authors_s is not None else "")
+                  + f"; image counts from {run_cost.source}")
+        print(f"SLURM request: runtime={request.runtime} gpu_mem_mb={request.gpu_mem_mb} "
+              + ("(from the measured rates)" if request.measured else f"(a guess{': ' + request.why if request.why else ''})"))
         return
     seen = {}
     for key in project.plan.runs():
@@ -404,14 +431,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="verify every file's SHA-256 instead of fetching")
     p.add_argument("--list", action="store_true", help="list the resources and whether they are present")
     p.set_defaults(fn=cmd_weights)
-    p = sub.add_parser("estimate", help="host and GPU memory a run needs, part by part (what the train rule requests)")
-    p.add_argument("paper", nargs="?", help="with setting and method: one run; none: a line per run of the grid")
+    p = sub.add_parser("estimate", help="what a target costs before running it (jobs, GPU-hours, memory), or the "
+                                        "memory a run needs, part by part (what the train rule requests)")
+    p.add_argument("paper", nargs="?", metavar="paper|target",
+                   help="a file snakemake builds (e.g. results/tables/clean/facmic/table2.md) or all: its jobs, GPU-hours "
+                        "and memory; a paper with setting and method: one run; none: a line per run of the grid")
     p.add_argument("setting", nargs="?")
     p.add_argument("method", nargs="?")
     p.add_argument("--seed", type=int, help="default: the first configured seed")
     p.add_argument("--protocol", choices=("clean", "paper"), help="default: the first configured protocol")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: as the job is planned (image runs on a GPU)")
     p.add_argument("--workers", type=int, default=7, help="image loader workers (the train rule's 8 threads - 1)")
+    p.add_argument("--throughput", metavar="CSV", help="a throughput table (default: the table in "
+                                                    "benchmarks/gpu/ of the SLURM profile's GPU model)")
+    p.add_argument("--gpu", help="the GPU model whose table in benchmarks/gpu/ to read (default: the SLURM profile's)")
+    p.add_argument("--authors-loader-cores", type=int,
+                   help="the authors' loader processes (default: their code's, per paper: fedrepro.cost)")
+    p.add_argument("--decode-img-s", type=float, help="the authors' loader: images/s per process (default: the table's)")
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
     p.set_defaults(fn=cmd_estimate)
 
@@ -443,11 +479,12 @@ def main(argv: list[str] | None = None) -> None:
     from .fl.memory import InsufficientMemory
     from .io import BrokenFile, DiskFull, StaleInput
     from .models.weights import WeightsError
+    from .throughput import ThroughputError
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
-            WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput) as error:
+            WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput, ThroughputError) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None
