@@ -223,8 +223,13 @@ def test_the_train_request_follows_the_measured_rates_with_its_margin(project, t
     assert cost.train_request(project, features, planned(project, features), table).runtime == 15   # a CPU job
 
 
-def test_cache_and_downstream_requests(table, tmp_path, monkeypatch):
+def test_cache_and_downstream_requests(project, table, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    key, task = next(iter(project.downstream_jobs().values()))            # a FedDRA encoder's linear probe
+    job = project.downstream_config(key, task)
+    got = cost.downstream_request(table, job)                              # its images not counted here: 60 min
+    assert (got.runtime, got.measured) == (60, False)
+    assert got.gpu_mem_mb == math.ceil((4800 + 768) * 1.2 / 100) * 100    # vlp's bf16 evaluation peak + the context
     assert cost.features_request(None, "bt", {"name": "ViT-B-16"}, 7).runtime == 120           # no table: the guess
     assert cost.image_cache_request(None, "bt", 8).runtime == 240
     got = cost.features_request(table, "bt", {"name": "ViT-B-16"}, 7)   # 3264 images (dataset_sizes.csv: absent here)
@@ -236,6 +241,10 @@ def test_cache_and_downstream_requests(table, tmp_path, monkeypatch):
     assert got.gpu_mem_mb == math.ceil((3000 + 768) * 1.2 / 100) * 100           # eval peak + CUDA context, x 1.2
     cache = cost.image_cache_request(table, "bt", 8)                              # 200 img/s per process x 8
     assert cache.measured and cache.runtime == math.ceil((300000 / 1600 * 1.5 / 60 + 10) / 5) * 5
+    (tmp_path / "benchmarks/dataset_sizes.csv").write_text(f"dataset,images\n{job['spec']['dataset']},10000000\n")
+    got = cost.downstream_request(table, job)                              # one pass at vlp's 1200 img/s (bf16)
+    assert got.measured and got.runtime == math.ceil((10_000_000 / 1200 * 1.5 / 60 + 10) / 5) * 5
+    assert cost.downstream_request(None, job).runtime == 60
 
 
 # ---- the commands --------------------------------------------------------------------------------------

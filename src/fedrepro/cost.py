@@ -83,20 +83,26 @@ class AuthorsWay:
 
 # ---- image counts ----------------------------------------------------------------------------------
 
+def _stamp(path: Path) -> tuple[int, int]:
+    """What the caches below are keyed by besides the path: a rewritten file is read again."""
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
 def dataset_sizes() -> dict[str, int]:
     """Images per dataset from ``benchmarks/dataset_sizes.csv`` (assumptions; {} where the file is not here)."""
     path = Path(paths.DATASET_SIZES)
-    return _dataset_sizes(str(path.resolve()), path.stat().st_mtime) if path.exists() else {}
+    return _dataset_sizes(str(path.resolve()), _stamp(path)) if path.exists() else {}
 
 
 @functools.lru_cache(maxsize=None)
-def _dataset_sizes(path: str, mtime: float) -> dict[str, int]:
+def _dataset_sizes(path: str, stamp: tuple) -> dict[str, int]:
     with open(path, newline="") as fh:
         return {r["dataset"]: int(r["images"]) for r in csv.DictReader(line for line in fh if not line.startswith("#"))}
 
 
 @functools.lru_cache(maxsize=None)
-def _split_counts(split_file: str, mtime: float) -> tuple[tuple[int, ...], int]:
+def _split_counts(split_file: str, stamp: tuple) -> tuple[tuple[int, ...], int]:
     data = json.loads(Path(split_file).read_text())
     train = tuple(len(c["train"]) for c in data["clients"].values())
     held = sum(len(c.get("val", [])) + len(c.get("test", [])) for c in data["clients"].values())
@@ -104,7 +110,7 @@ def _split_counts(split_file: str, mtime: float) -> tuple[tuple[int, ...], int]:
 
 
 @functools.lru_cache(maxsize=None)
-def _manifest_rows(manifest: str, mtime: float) -> int:
+def _manifest_rows(manifest: str, stamp: tuple) -> int:
     with open(manifest, newline="") as fh:
         return sum(1 for _ in csv.reader(fh)) - 1
 
@@ -113,7 +119,7 @@ def dataset_images(dataset: str) -> tuple[int | None, str]:
     """Images of a dataset (what a feature or image cache encodes): its manifest's rows, else the assumption."""
     manifest = Path(paths.manifest(dataset))
     if manifest.exists():
-        return _manifest_rows(str(manifest.resolve()), manifest.stat().st_mtime), "manifest"
+        return _manifest_rows(str(manifest.resolve()), _stamp(manifest)), "manifest"
     n = dataset_sizes().get(dataset)
     return n, "dataset_sizes.csv (assumption)" if n else f"unknown (no manifest, no row in {paths.DATASET_SIZES})"
 
@@ -122,7 +128,7 @@ def client_images(project, key, run: dict) -> tuple[list[int], int, str]:
     """(training images per client, images evaluated per evaluation, where the numbers come from)."""
     split_file = Path(run["paths"]["split"])
     if split_file.exists():
-        train, held = _split_counts(str(split_file.resolve()), split_file.stat().st_mtime)
+        train, held = _split_counts(str(split_file.resolve()), _stamp(split_file))
         return list(train), held, "split file"
     n = dataset_sizes().get(run["dataset"])
     if n is None:
@@ -363,6 +369,7 @@ def downstream_request(table: Table | None, job: dict | None) -> Request:
     train = job["run"]["train"]
     fkey = family_key(train["model"])
     precision = _precision(table, fkey, train.get("precision", "auto"))
+    guess.gpu_mem_mb = _eval_peak_request(table.row(fkey, precision, _layout(train)))   # known without the images
     images, where = dataset_images(job["spec"]["dataset"])
     try:
         if images is None:
@@ -371,5 +378,4 @@ def downstream_request(table: Table | None, job: dict | None) -> Request:
     except ThroughputError as error:
         guess.why = str(error)
         return guess
-    gpu = _eval_peak_request(table.row(fkey, precision, _layout(train)))
-    return Request(max(guess.runtime, runtime_minutes(images / rate)), gpu, True, table.path)
+    return Request(max(guess.runtime, runtime_minutes(images / rate)), guess.gpu_mem_mb, True, table.path)
