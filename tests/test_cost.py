@@ -225,8 +225,8 @@ def test_the_train_request_follows_the_measured_rates_with_its_margin(project, t
 
 def test_cache_and_downstream_requests(project, table, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    key, task = next(iter(project.downstream_jobs().values()))            # a FedDRA encoder's linear probe
-    job = project.downstream_config(key, task)
+    key, task = next(iter(project.plan.downstream_jobs().values()))            # a FedDRA encoder's linear probe
+    job = project.resolver.downstream_config(key, task)
     got = cost.downstream_request(table, job)                              # its images not counted here: 60 min
     assert (got.runtime, got.measured) == (60, False)
     assert got.gpu_mem_mb == math.ceil((4800 + 768) * 1.2 / 100) * 100    # vlp's bf16 evaluation peak + the context

@@ -226,7 +226,7 @@ def cmd_weights(args) -> None:
 
 
 def cmd_estimate(args) -> None:
-    from . import cost, plan
+    from . import cost, estimate
     from .config import ConfigError, check_choice, load_project
     from .fl.memory import fmt, planned
     from .throughput import choose
@@ -234,9 +234,9 @@ def cmd_estimate(args) -> None:
     project = load_project(args.configfile or None)
     authors = cost.AuthorsWay(args.authors_loader_cores, args.decode_img_s)
     if args.paper and not args.setting and (args.paper == "all" or "/" in args.paper or "." in args.paper):
-        target = plan.resolve(project, args.paper)          # a file snakemake builds, or all
+        target = estimate.resolve(project, args.paper)          # a file snakemake builds, or all
         table, why = choose(args.throughput, args.gpu)
-        print("\n".join(plan.summary(project, target, table, why, authors)))
+        print("\n".join(estimate.summary(project, target, table, why, authors)))
         return
     if args.paper:
         check_choice(args.paper, project.papers, "fedrepro estimate: paper")
