@@ -204,17 +204,21 @@ def summary(project, target: Target, table: Table | None, table_why: str,
         gpu = [r.gpu_mem_mb for r in requests.values()]
         measured = sum(r.measured for r in requests.values())
         rest = f"; the other {len(requests) - measured}: guesses" if measured < len(requests) else ""
-        out.append(f"  runtime {min(minutes)}-{max(minutes)} min, gpu_mem_mb {min(gpu)}-{max(gpu)}: {measured} of "
+        out.append(f"  runtime {_span(minutes)} min, gpu_mem_mb {_span(gpu)}: {measured} of "
                    f"{len(requests)} run variants (first seed) from the measured rates ({cost.RUNTIME_MARGIN}x + "
                    f"{cost.RUNTIME_OVERHEAD_MIN} min; GPU memory {cost.GPU_MEMORY_MARGIN}x the measured peak, at least "
                    f"the estimate){rest}")
     elif image_runs:
         gpu = [estimates[k].gpu_mb() for k in estimates if estimates[k].gpu]
         out.append(f"  runtime {cost.FALLBACK_RUNTIME['train_images']} min each (a guess: no throughput table), "
-                   f"gpu_mem_mb {min(gpu)}-{max(gpu)} (the estimate)")
+                   f"gpu_mem_mb {_span(gpu)} (the estimate)")
     else:
         out.append("  none to build")
     return out
+
+
+def _span(values: list[int]) -> str:
+    return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
 
 def _profile(estimates: dict, first: dict, key) -> dict:
