@@ -7,8 +7,8 @@ Kaggle account of the API token; about 180 GB zipped). The preparer reads ``stag
 ``rsna_ich/png/`` (resumable). Windowing: HU = pixels * slope + intercept, clipped to
 [center - width/2, center + width/2] and scaled to 0..255; ``window: brain`` uses the standard brain
 window (40, 80) for every image, ``dicom`` the file's own WindowCenter/WindowWidth; ``png_size``
-resizes (0 keeps 512 x 512). DICOM files are read by the project's own reader
-(``fedrepro.data.dicom``), no extra dependency.
+resizes (0 keeps 512 x 512). DICOM files are read with pydicom (:mod:`fedrepro.data.dicom`); a slice
+that cannot be read is listed as unreadable and left out or refused as ``data.corrupt_images`` says.
 
 Slices stored with 12 bits, unsigned, and a rescale intercept above -100 (BitsStored 12,
 PixelRepresentation 0, RescaleIntercept > -100) have values that only make sense shifted: before
@@ -147,15 +147,12 @@ def window_ct(pixels: np.ndarray, slope: float, intercept: float, center: float,
 
 
 def read_dicom(path: Path) -> tuple[np.ndarray, dict]:
-    """(stored pixel array, {slope, intercept, center, width}) of an uncompressed DICOM slice, the
-    12-bit correction applied (:func:`correct_12bit`); the file's own window falls back to the brain
-    window when it has none."""
-    from ..dicom import DicomError
-    from ..dicom import read_dicom as read_part10
+    """(stored pixel array, {slope, intercept, center, width}) of a CT slice (any transfer syntax pydicom
+    decodes), the 12-bit correction applied (:func:`correct_12bit`); the file's own window falls back to
+    the brain window when it has none. An unreadable slice raises :class:`~fedrepro.data.dicom.DicomError`."""
+    from ..dicom import read_dicom as read_file
 
-    image = read_part10(path)
-    if image.pixels is None:
-        raise DicomError(f"{path}: compressed pixel data; RSNA ICH slices are expected uncompressed")
+    image = read_file(path, keep_jpeg=False)
     pixels, intercept = correct_12bit(image.pixels, image.intercept, image.bits_stored, image.signed)
     center, width = image.window or BRAIN_WINDOW
     return pixels, {"slope": image.slope, "intercept": intercept, "center": center, "width": width}
