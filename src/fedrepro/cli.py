@@ -27,31 +27,46 @@ def cmd_download(args) -> None:
         if not complete:
             raise SystemExit(f"{spec.name} is not complete under {Path(args.raw_dir) / spec.name} (see above)")
         return
-    download.download_dataset(spec, Path(args.raw_dir))
+    download.download_dataset(spec, Path(args.raw_dir), reverify=args.reverify)
 
 
 def cmd_prepare(args) -> None:
     import pandas as pd
 
     from .data.images import find_corrupt
-    from .data.manifest import write_manifest
-    from .data.prepare import prepare_dataset
+    from .data.manifest import ManifestError, write_manifest
+    from .data.prepare import prepare_dataset, unreadable
     from .io import write_csv
     from .registry import dataset
 
     spec = dataset(args.dataset)
-    manifest = prepare_dataset(spec, Path(args.raw_dir), manifest_dir=Path(args.out).parent)
-    bad = find_corrupt(Path(args.raw_dir), manifest["path"].tolist(), progress=True, workers=args.workers) if args.verify else []
+    again = f"fedrepro prepare {spec.name} --raw-dir {args.raw_dir} --out {args.out}"
+    try:
+        manifest = prepare_dataset(spec, Path(args.raw_dir), manifest_dir=Path(args.out).parent)
+    except (ManifestError, FileNotFoundError) as error:   # a table or a listed file: say which dataset, and what next
+        raise ManifestError(f"{spec.name}: {error}\nOnce that is fixed, run `{again}` (or Snakemake again); "
+                            f"`fedrepro download {spec.name} --raw-dir {args.raw_dir} --check` reports on the whole "
+                            f"tree.") from None
+    known = unreadable(manifest)                     # files the preparer could not convert (a damaged DICOM, ...)
+    listed = {p for p, _ in known}
+    rest = [p for p in manifest["path"] if p not in listed]
+    bad = known + (find_corrupt(Path(args.raw_dir), rest, progress=True, workers=args.workers) if args.verify else [])
     report = Path(args.out).with_suffix(".skipped.csv")
     if bad and args.corrupt == "error":
-        listing = "\n".join(f"  {p}: {why}" for p, why in bad[:20])
+        listing = "\n".join(f"  {p}: {why}" for p, why in bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
         raise SystemExit(f"{len(bad)} unreadable image(s) in {spec.name}:\n{listing}\n"
-                         f"Replace them, or set data.corrupt_images: skip to leave them out (listed in {report}).")
+                         f"Replace them, or set data.corrupt_images: skip to leave them out (listed in {report}); "
+                         f"then run `{again} --corrupt skip` (or Snakemake again).")
     write_csv(report, pd.DataFrame(bad, columns=["path", "reason"]))
     manifest = manifest[~manifest["path"].isin({p for p, _ in bad})].reset_index(drop=True)
+    if manifest.empty:
+        raise ManifestError(f"{spec.name}: every one of its {len(bad)} images is unreadable (listed in {report})")
     write_manifest(args.out, manifest)
-    logging.getLogger("fedrepro").info("%s: %d images, %d classes, %d left out", spec.name, len(manifest),
-                                       manifest["label"].nunique(), len(bad))
+    logging.getLogger("fedrepro").info("%s: %d images, %d classes, %d left out%s", spec.name, len(manifest),
+                                       manifest["label"].nunique(), len(bad),
+                                       f" (listed in {report})" if bad else "")
+    for path, why in bad[:20]:
+        logging.getLogger("fedrepro").warning("%s: left out %s: %s", spec.name, path, why)
 
 
 def cmd_split(args) -> None:
@@ -344,6 +359,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--raw-dir", default="resources/raw")
     p.add_argument("--check", action="store_true",
                    help="verify a placed tree (archives' digests, every source's files) without changing anything")
+    p.add_argument("--reverify", action="store_true",
+                   help="an archive whose digest recorded on first use no longer matches (a copy you replaced on "
+                        "purpose) is checked whole again and, if it is, its new digest is recorded")
     p.set_defaults(fn=cmd_download)
 
     p = sub.add_parser("prepare", help="raw layout -> manifest CSV (decodes every image once)")

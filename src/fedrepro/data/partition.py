@@ -269,9 +269,13 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
                          np.sort(np.concatenate([reference, held_ref])).astype(int), draws=draw, external=external,
                          declared_overlaps=overlaps)
     hint = " (set on_empty: resample to redraw)" if max_draws == 1 else f" after {max_draws} draws"
+    shown = dict(list(small.items())[:10])                   # a handful: 5000 clients must not make a 80 KB line
+    more = f" and {len(small) - len(shown)} more" if len(small) > len(shown) else ""
+    too_many = (f" ({len(clients)} clients for the {len(pool)} images of the pool: at most {len(pool) // max(min_train, 1)} "
+                f"can each have {min_train})" if len(clients) * min_train > len(pool) else "")
     raise SplitError(
-        f"{kind} split leaves clients with fewer than min_train={min_train} training samples{hint}: {small}. "
-        f"Use fewer clients, a larger alpha, or a smaller min_train."
+        f"{kind} split leaves {len(small)} of {len(clients)} clients with fewer than min_train={min_train} training "
+        f"samples{hint}{too_many}: {shown}{more}. Use fewer clients, a larger alpha, or a smaller min_train."
     )
 
 
