@@ -110,6 +110,7 @@ def _mini_project(root: Path, paper_dir: str, published: str = PUBLISHED_CSV, st
                            enumerate(["client0", "client1", "global_test"])])
     counts["train"], counts["val"], counts["test"] = [8, 7, 0], [1, 1, 0], [1, 1, 20]
     counts["total"] = counts[["train", "val", "test"]].sum(axis=1)
+    counts["size"] = [10, 10, 20]          # client1's cut left one row out (the FACMIC code's int() cuts)
     path = root / "resources/splits" / f"{project.resolver.split_id(P, 'iid', 0)}.counts.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     counts.to_csv(path, index=False)
@@ -198,9 +199,11 @@ def test_every_table_kind_renders_its_note_and_what_stands_in(tmp_path, monkeypa
         assert note in tex and "STAND-IN DATA AND MODELS" in tex, kind
         _, md, _ = _render(full, table)
         assert note in md and "STAND-IN" not in md, kind
-    # the count table's published counts and their mark
+    # the count table's published counts and their mark; a client counts whole (its size, the row its cut left
+    # out included), as the papers' client tables do
     result, md, _ = _render(full, "counts")
-    assert "| client1 | 7 (9*)<br>Δ −2 |" in md and "* assembled." in result.caption
+    assert "| client1 | 10 (9*)<br>Δ +1 |" in md and "* assembled." in result.caption
+    assert "the whole client" in result.caption
 
 
 def test_tables_never_ask_clean_runs_for_test_selections():
