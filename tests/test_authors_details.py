@@ -5,7 +5,6 @@ order). FAA-CLIP's one round-selection rule is tested in test_tables.py."""
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,6 @@ import pytest
 from fedrepro.config import load_project
 from fedrepro.config.resolve import resolve_cell
 from fedrepro.data.partition import make_split
-from fedrepro.data.prepare import prepare_dataset
-from fedrepro.registry import dataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,8 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 # table by position: a row the forgiving filters keep but the exact ones drop would shift every client
 
 def test_authors_indexing_reads_the_authors_exactly_filtered_table(tmp_path):
-    from fedrepro.data.manifest import read_manifest, write_manifest
-    from test_fedadapterproto import authors_fundus_split, write_disc
+    from test_fedadapterproto import authors_fundus_split, prepared_eyepacs_aptos
 
     gen = np.random.default_rng(5)
     sizes = {"11": 9, "7": 8, "30": 7, "4": 6, "25": 5, "9": 2}
@@ -41,21 +37,7 @@ def test_authors_indexing_reads_the_authors_exactly_filtered_table(tmp_path):
     meta.loc[1, "image_field"], meta.loc[3, "image_field"] = "Field 1", "field 1 "
     meta.loc[4, "session_image_quality"] = " Adequate"
     meta.loc[6, "session_image_quality"] = "Insufficient for Full Interpretation"     # out under both
-    base = tmp_path / "raw" / "eyepacs"
-    for path in meta["image_path"]:
-        write_disc(base / path)
-    meta.to_csv(base / "metadata.csv", index=False)
-    aptos = tmp_path / "raw" / "aptos2019"
-    (aptos / "train_images").mkdir(parents=True)
-    pd.DataFrame({"id_code": ["x1"], "diagnosis": [0]}).to_csv(aptos / "train.csv", index=False)
-    write_disc(aptos / "train_images" / "x1.png")
-    manifests = tmp_path / "manifests"
-    for name in ("eyepacs", "aptos2019", "eyepacs_aptos"):
-        spec = dataset(name)
-        if "crop_size" in spec.options:
-            spec = replace(spec, options={**spec.options, "crop_size": 8})
-        write_manifest(manifests / f"{name}.csv", prepare_dataset(spec, tmp_path / "raw", manifests))
-    manifest = read_manifest(manifests / "eyepacs_aptos.csv")
+    manifest = prepared_eyepacs_aptos(tmp_path, meta, ["x1"])
     outside = pd.to_numeric(manifest["metadata_row"], errors="coerce").isna().to_numpy()   # not in the authors' table
     eyepacs = manifest["source"].to_numpy() != "aptos2019"
     assert eyepacs.sum() == len(meta) - 1 and (outside & eyepacs).sum() == 3       # the manifest keeps the three
