@@ -1,6 +1,7 @@
 """Client splits: a partition spec + a split seed -> which manifest rows each client holds.
 
-Flow (every step deterministic in the split seed):
+Flow (every step deterministic in its seed: the split seed, or where the spec names them ``partition_seed`` for
+step 5 and ``client_seed`` for step 6, as an authors' code that redraws only one of them with its run seed):
 1. ``subset``: optionally restrict the manifest to some sources/classes.
 2. ``external``: set aside whole sources as an external evaluation set (e.g. another dataset of
    a derived manifest), evaluated on but never trained on.
@@ -13,10 +14,14 @@ Flow (every step deterministic in the split seed):
 5. partition the remaining pool among clients with a registered splitter (iid, per-class
    Dirichlet, by source, pathological, ...). A splitter may also hold out pool rows as (part of)
    the global test set by returning a :class:`Partition` (e.g. a held-out site chosen by rank).
+   A splitter may be held to the client sizes a paper printed (``sizes``: :func:`split_iid`,
+   :func:`dirichlet_with_sizes`).
 6. split each client into train/val/test with the configured ratios.
    With ``client_split: official`` each client is instead cut by the manifest's official split
    column, so that every client's test part comes from the dataset's official test split
-   (MIMIC-CXR in FedDRA).
+   (MIMIC-CXR in FedDRA; ``merge_splits`` reads one official split as another part, e.g. MGCA's "valid").
+   ``client_split: imagefolder`` is the FACMIC / FAA-CLIP code's cut (:func:`_imagefolder_parts`), which may
+   leave a row or two of a client in no part: the split records every client's whole ``size``.
 
 Every pool row ends up in exactly one client and one of its splits, and the clients, the global test,
 reference and external sets are disjoint; a splitter that reproduces an overlap on purpose (FedAdapterProto's
