@@ -663,8 +663,11 @@ def test_mimic_preparer_on_fake_layout(tmp_path):
     from fedrepro.registry import dataset
 
     base = tmp_path / "raw" / "mimic_cxr"
-    report = "EXAMINATION: chest\n\nFINDINGS: Mild pulmonary edema. No effusion.\n\nIMPRESSION: Edema, improved.\n"
-    studies = {50000001: report, 50000002: "FINDINGS: Clear lungs, no acute process.\nIMPRESSION: Normal chest.", 50000003: "FINDINGS: ok."}
+    # MIMIC-CXR's layout: a title line, then every line indented by one space (MIT-LCP's headings need the indent)
+    title = "                                 FINAL REPORT\n"
+    report = title + " EXAMINATION: chest\n \n FINDINGS: Mild pulmonary edema. No effusion.\n \n IMPRESSION: Edema, improved.\n"
+    studies = {50000001: report, 50000002: title + " FINDINGS: Clear lungs, no acute process.\n IMPRESSION: Normal chest.",
+               50000003: title + " FINDINGS: ok."}
     for study, text in studies.items():
         (base / "files/p10/p10000001").mkdir(parents=True, exist_ok=True)
         (base / f"files/p10/p10000001/s{study}.txt").write_text(text)
@@ -700,8 +703,8 @@ def test_mimic_captions_are_joined_as_the_code_joins_them():
     sentences of one token dropped) and ``get_caption`` (the sentences joined with spaces)."""
     from fedrepro.data.datasets.chest import report_caption
 
-    report = ("FINDINGS: 1. Heart size is\nnormal. 2. Lungs clear. Stable.\n\n"
-              "IMPRESSION: No acute ___ process. Résumé fine.\n")
+    report = ("                                 FINAL REPORT\n FINDINGS: 1. Heart size is\n normal. 2. Lungs clear. Stable.\n \n"
+              " IMPRESSION: No acute ___ process. Résumé fine.\n")
     assert report_caption(report) == "no acute ___ process rsum fine heart size is normal lungs clear"
 
 

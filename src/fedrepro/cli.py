@@ -81,7 +81,7 @@ def cmd_split(args) -> None:
     kept = task_classes(everything, spec)
     classes = [everything[c] for c in kept]
     manifest = read_manifest(args.manifest)
-    split = make_split(manifest, spec, args.seed)
+    split = make_split(manifest, spec, args.seed, list(dataset(args.dataset).class_texts))
     out = Path(args.out)
     counts = count_table(split, manifest, classes, kept)
     write_csv(out.with_suffix(".counts.csv"), counts)
@@ -170,7 +170,8 @@ def cmd_scorecard(args) -> None:
     project = _project(args)
     check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
-    tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"))
+    tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"),
+               project.papers[paper]["tables"][table].get("kind", "runs"))
               for protocol, paper, table in project.plan.tables() if paper in papers]
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")

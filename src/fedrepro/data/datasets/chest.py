@@ -56,6 +56,7 @@ from ..prepare import (
     whole_numbers,
     with_unreadable,
 )
+from ..report_sections import report_sections
 from ..spec import DatasetSpec, Source
 
 # --------------------------------------------------------------------------------------------
@@ -109,19 +110,6 @@ register_dataset(DatasetSpec(
     options={"views": ("PA", "AP"), "min_tokens": 3},
 ))
 
-SECTION = re.compile(r"^\s*([A-Z][A-Z /&()-]{2,40}):", re.MULTILINE)
-
-
-def report_sections(text: str) -> dict[str, str]:
-    """Split a MIMIC-CXR report into its upper-case ``HEADING:`` sections (lower-cased keys)."""
-    sections = {}
-    matches = list(SECTION.finditer(text))
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-        sections[m.group(1).strip().lower()] = text[m.end():end].strip()
-    return sections
-
-
 def clean_caption(text: str) -> str:
     """MGCA's report cleaning as the FedDRA code runs it (``pretrain_dataset.py``): newlines become spaces,
     the text is cut at numbered-list marks ("1.") and at every "."; a sentence is its lower-cased ``\\w+``
@@ -139,10 +127,15 @@ def clean_caption(text: str) -> str:
     return " ".join(sentences)
 
 
-def report_caption(text: str) -> str:
-    """Impression + " " + findings of a report (as MGCA/FedDRA pre-train on), cleaned."""
-    sections = report_sections(text)
-    return clean_caption(sections.get("impression", "") + " " + sections.get("findings", ""))
+def report_caption(text: str, study: int | None = None) -> str:
+    """Impression + " " + findings of a report (as MGCA/FedDRA pre-train on), cleaned: the sections by MIT-LCP's
+    rules (:mod:`fedrepro.data.report_sections`, the data's own definition, under both protocols); a study with
+    neither (or one MIT-LCP sections by hand, absent from its sectioned table) has none, as MGCA's
+    ``preprocess/mimic_cxr.py`` drops it. A missing one of the two reads as a space (MGCA's ``fillna(" ")``)."""
+    sections = report_sections(text, None if study is None else f"s{study}")
+    if "impression" not in sections and "findings" not in sections:
+        return ""
+    return clean_caption(sections.get("impression", " ") + " " + sections.get("findings", " "))
 
 
 def findings_code(row: pd.Series) -> int:
@@ -211,11 +204,12 @@ def mimic_frontal_images(spec: DatasetSpec, raw_root: Path) -> tuple[pd.DataFram
 
 @preparer("mimic_cxr", check=mimic_frontal_images)
 def mimic_cxr(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
-    """Frontal (PA/AP) images with a report; caption = impression + findings (studies whose caption
-    has fewer than ``min_tokens`` tokens are dropped); label = the 32-way findings code; split =
-    MIMIC-CXR-JPG's official split (validate -> val)."""
+    """Frontal (PA/AP) images with a report; caption = impression + findings (:func:`report_caption`; studies
+    whose caption has fewer than ``min_tokens`` tokens are dropped); label = the 32-way findings code; split =
+    MIMIC-CXR-JPG's official split (validate -> val; MGCA's "valid", validate and test together, is the split
+    spec's ``merge_splits: {test: val}``)."""
     frame, reports = mimic_frontal_images(spec, raw_root)
-    captions = {study: report_caption(path.read_text(errors="replace")) for study, path in reports.items()}
+    captions = {study: report_caption(path.read_text(errors="replace"), study) for study, path in reports.items()}
     rows = []
     for rec in frame.to_dict("records"):
         study = int(rec["study_id"])

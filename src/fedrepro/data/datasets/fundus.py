@@ -231,7 +231,10 @@ def eyepacs_images(spec: DatasetSpec, raw_root: Path) -> tuple[pd.DataFrame, lis
             & (meta["image_field"].astype(str).str.strip().str.lower() == opts["field"].lower())
             & meta[quality].astype(str).str.strip().isin(opts["qualities"])
             & meta["diagnosis_image_dr_level"].notna())
-    chosen = meta[keep]
+    # the authors' table: the same filters as exact comparisons (berenslab/FedAdapterProto lib/utils.py::get_dataset);
+    # authors_row = a kept row's position in it, -1 for a row only the forgiving filters keep
+    exact = (keep & (meta["image_field"] == opts["field"]) & meta[quality].isin(opts["qualities"])).to_numpy()
+    chosen = meta[keep].assign(authors_row=np.where(exact, np.cumsum(exact) - 1, -1)[keep.to_numpy()])
     if chosen.empty:
         raise ManifestError(f"{meta_path}: no image passes the filters ({opts['image_set']!r} in image_path, "
                             f"image_field == {opts['field']!r}, quality in {list(opts['qualities'])})")
@@ -246,18 +249,22 @@ def eyepacs_sites(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     binary DR label (grade 0 -> healthy, 1-4 -> diseased), ``source`` = clinical site ("" where the
     metadata has none: such rows belong to no site) - the table the authors' get_dataset builds.
 
-    ``metadata_row`` is each image's position in that table (the metadata file's order, counted
-    from 0 after the filters, rows without a site included): the authors' faulty indexing
-    (split kind ``sites_authors_index``) reads positions of this table, not of the manifest, which
-    is sorted by path."""
+    The field and quality filters forgive case and surrounding spaces ("Field 1 " is field 1).
+    ``metadata_row`` is each image's position in the authors' own table: the rows their ``get_dataset``
+    (berenslab/FedAdapterProto lib/utils.py) keeps with its exact comparisons (``image_field == 'field 1'``,
+    ``session_image_quality.isin([...])``), in the metadata file's order, counted from 0, rows without a site
+    included; empty for a row only the forgiving filters keep. The authors' faulty indexing (split kind
+    ``sites_authors_index``) reads positions of that table, so one row more or less shifts every client: it
+    reads only the rows with a ``metadata_row``, in that order (not the manifest's, which is sorted by path)."""
     base = raw_root / spec.name
     chosen, relative = eyepacs_images(spec, raw_root)
     paths, failed = preprocess_images(base, relative, int(spec.options["crop_size"]))
     grades = chosen["diagnosis_image_dr_level"].astype(int).to_numpy()
     sites = chosen["clinical_siteIdentifier"]
     rows = [{"path": f"{spec.name}/{path}", "class_name": FUNDUS_CLASSES[int(grade > 0)], "source": _site_name(site),
-             "split": "", "dr_level": int(grade), "original_path": f"{spec.name}/{rel}", "metadata_row": position}
-            for position, (path, rel, grade, site) in enumerate(zip(paths, relative, grades, sites))]
+             "split": "", "dr_level": int(grade), "original_path": f"{spec.name}/{rel}",
+             "metadata_row": int(position) if position >= 0 else None}
+            for path, rel, grade, site, position in zip(paths, relative, grades, sites, chosen["authors_row"])]
     return with_unreadable(make_manifest(rows, spec.classes), [(f"{spec.name}/{p}", why) for p, why in failed])
 
 
