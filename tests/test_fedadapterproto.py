@@ -461,11 +461,33 @@ def authors_fundus_split(meta: pd.DataFrame, num_users: int) -> tuple[list[list[
     return [rows(p) for p in positions("train")], rows(positions("test")[0])
 
 
+def prepared_eyepacs_aptos(tmp_path: Path, meta: pd.DataFrame, aptos_codes: list[str]) -> pd.DataFrame:
+    """The eyepacs_aptos manifest the real preparers build from an EyePACS metadata table (a disc image per row)
+    and a few APTOS images, at 8 px."""
+    from fedrepro.data.manifest import read_manifest, write_manifest
+
+    base = tmp_path / "raw" / "eyepacs"
+    for path in meta["image_path"]:
+        write_disc(base / path)
+    meta.to_csv(base / "metadata.csv", index=False)
+    aptos = tmp_path / "raw" / "aptos2019"
+    (aptos / "train_images").mkdir(parents=True)
+    pd.DataFrame({"id_code": aptos_codes, "diagnosis": [2 * (i % 2) for i in range(len(aptos_codes))]}).to_csv(
+        aptos / "train.csv", index=False)
+    for code in aptos_codes:
+        write_disc(aptos / "train_images" / f"{code}.png")
+    manifests = tmp_path / "manifests"
+    for name in ("eyepacs", "aptos2019", "eyepacs_aptos"):
+        spec = dataset(name)
+        if "crop_size" in spec.options:
+            spec = replace(spec, options={**spec.options, "crop_size": 8})
+        write_manifest(manifests / f"{name}.csv", prepare_dataset(spec, tmp_path / "raw", manifests))
+    return read_manifest(manifests / "eyepacs_aptos.csv")
+
+
 def test_authors_indexing_reads_the_metadata_order_through_the_real_preparers(tmp_path):
     """The same images leak as in the official code: positions index the authors' table (metadata
     file order, rows without a site included), not the manifest (sorted by path)."""
-    from fedrepro.data.manifest import read_manifest, write_manifest
-
     gen = np.random.default_rng(3)
     sizes = {"11": 9, "7": 8, "30": 7, "4": 6, "25": 5, "9": 2}
     sites = np.array([s for s, n in sizes.items() for _ in range(n)] + [None] * 3)
@@ -475,22 +497,7 @@ def test_authors_indexing_reads_the_metadata_order_through_the_real_preparers(tm
                          "session_image_quality": "Good", "diagnosis_image_dr_level": gen.integers(0, 5, len(sites)),
                          "clinical_siteIdentifier": sites})
     meta.loc[[2, 17], "session_image_quality"] = "Insufficient for Full Interpretation"     # filtered out
-    base = tmp_path / "raw" / "eyepacs"
-    for path in meta["image_path"]:
-        write_disc(base / path)
-    meta.to_csv(base / "metadata.csv", index=False)
-    aptos = tmp_path / "raw" / "aptos2019"
-    pd.DataFrame({"id_code": ["x1", "x2"], "diagnosis": [0, 2]}).to_csv(aptos.mkdir(parents=True) or aptos / "train.csv",
-                                                                         index=False)
-    for code in ("x1", "x2"):
-        write_disc(aptos / "train_images" / f"{code}.png")
-    manifests = tmp_path / "manifests"
-    for name in ("eyepacs", "aptos2019", "eyepacs_aptos"):
-        spec = dataset(name)
-        if "crop_size" in spec.options:
-            spec = replace(spec, options={**spec.options, "crop_size": 8})
-        write_manifest(manifests / f"{name}.csv", prepare_dataset(spec, tmp_path / "raw", manifests))
-    manifest = read_manifest(manifests / "eyepacs_aptos.csv")
+    manifest = prepared_eyepacs_aptos(tmp_path, meta, ["x1", "x2"])
     assert manifest["path"].is_monotonic_increasing and (manifest["source"] == "").sum() == 3
 
     spec = {"kind": "sites_authors_index", "clients": 4, "external": {"sources": ["aptos2019"]},

@@ -663,8 +663,11 @@ def test_mimic_preparer_on_fake_layout(tmp_path):
     from fedrepro.registry import dataset
 
     base = tmp_path / "raw" / "mimic_cxr"
-    report = "EXAMINATION: chest\n\nFINDINGS: Mild pulmonary edema. No effusion.\n\nIMPRESSION: Edema, improved.\n"
-    studies = {50000001: report, 50000002: "FINDINGS: Clear lungs, no acute process.\nIMPRESSION: Normal chest.", 50000003: "FINDINGS: ok."}
+    # MIMIC-CXR's layout: a title line, then every line indented by one space (MIT-LCP's headings need the indent)
+    title = "                                 FINAL REPORT\n"
+    report = title + " EXAMINATION: chest\n \n FINDINGS: Mild pulmonary edema. No effusion.\n \n IMPRESSION: Edema, improved.\n"
+    studies = {50000001: report, 50000002: title + " FINDINGS: Clear lungs, no acute process.\n IMPRESSION: Normal chest.",
+               50000003: title + " FINDINGS: ok."}
     for study, text in studies.items():
         (base / "files/p10/p10000001").mkdir(parents=True, exist_ok=True)
         (base / f"files/p10/p10000001/s{study}.txt").write_text(text)
@@ -700,8 +703,8 @@ def test_mimic_captions_are_joined_as_the_code_joins_them():
     sentences of one token dropped) and ``get_caption`` (the sentences joined with spaces)."""
     from fedrepro.data.datasets.chest import report_caption
 
-    report = ("FINDINGS: 1. Heart size is\nnormal. 2. Lungs clear. Stable.\n\n"
-              "IMPRESSION: No acute ___ process. Résumé fine.\n")
+    report = ("                                 FINAL REPORT\n FINDINGS: 1. Heart size is\n normal. 2. Lungs clear. Stable.\n \n"
+              " IMPRESSION: No acute ___ process. Résumé fine.\n")
     assert report_caption(report) == "no acute ___ process rsum fine heart size is normal lungs clear"
 
 
@@ -770,8 +773,16 @@ def test_covidx_and_retina_preparers(tmp_path):
     (raw / "messidor" / "Base11").mkdir(parents=True)
     pd.DataFrame({"Image name": ["m1.tif", "m2.tif"], "Ophthalmologic department": ["LaTIM"] * 2,
                   "Retinopathy grade": [0, 2], "Risk of macular edema ": [0, 2]}).to_csv(raw / "messidor/Base11/Annotation_Base11.csv", index=False)
+    header = "Image name,Ophthalmologic department,Retinopathy grade,Risk of macular edema \n"
+    for part in ("12", "13", "14", "21", "22", "23", "24", "31", "32", "33", "34"):   # every part is needed; these list none
+        (raw / f"messidor/Base{part}").mkdir()
+        (raw / f"messidor/Base{part}/Annotation_Base{part}.csv").write_text(header)
     (raw / "brset" / "fundus_photos").mkdir(parents=True)
     pd.DataFrame({"image_id": ["img00001"], "patient_id": [1], "DR_ICDR": [4], "macular_edema": [1]}).to_csv(raw / "brset/labels.csv", index=False)
+    for image in ("messidor/Base11/m1.tif", "messidor/Base11/m2.tif", "brset/fundus_photos/img00001.jpg",
+                  "mbrset/images/1.1.jpg", "mbrset/images/1.2.jpg", "mbrset/images/2.1.jpg"):   # listed images are there
+        (raw / image).parent.mkdir(parents=True, exist_ok=True)
+        (raw / image).write_bytes(b"image")
     manifests = tmp_path / "resources" / "manifests"
     for name in ("messidor", "brset"):
         write_manifest(manifests / f"{name}.csv", prepare_dataset(dataset(name), raw))
@@ -782,7 +793,6 @@ def test_covidx_and_retina_preparers(tmp_path):
                                           "brset/fundus_photos/img00001.jpg": "brset"}
     assert retina["label"].tolist() == [1, 0, 1]
 
-    (raw / "mbrset" / "images").mkdir(parents=True)
     pd.DataFrame({"file": ["1.1.jpg", "1.2.jpg", "2.1.jpg"], "patient": [1, 1, 2], "final_icdr": [0, 3, np.nan],
                   "final_edema": ["no", "yes", "no"]}).to_csv(raw / "mbrset/labels_mbrset.csv", index=False)
     mb = prepare_dataset(dataset("mbrset"), raw).set_index("path")

@@ -498,7 +498,9 @@ def test_ct_windowing_and_single_type_selection():
         for t in (*head_ct.ICH_SUBTYPES, "any"):
             rows.append({"ID": f"{image}_{t}", "Label": int(t in positive or (t == "any" and bool(positive)))})
     rows.append(rows[0])                                            # stage 2 has duplicate rows
-    labels = head_ct.single_type_labels(pd.DataFrame(rows))
+    from fedrepro.registry import dataset
+
+    labels = head_ct.single_type_labels(pd.DataFrame(rows), Path("stage_2_train.csv"), dataset("rsna_ich"))
     assert labels.to_dict("records") == [{"image": "ID_a", "subtype": "epidural"}]
 
 
@@ -534,7 +536,7 @@ def test_ich_dicom_reader_reads_rescale_and_the_files_own_window(tmp_path):
     assert head_ct.read_dicom(tmp_path / "b.dcm")[1] == {"slope": 1.0, "intercept": 0.0, "center": 40.0, "width": 80.0}
     truncated = (tmp_path / "a.dcm").read_bytes()[:-2]
     (tmp_path / "c.dcm").write_bytes(truncated)
-    with pytest.raises(ValueError, match=r"c\.dcm.*shorter"):
+    with pytest.raises(ValueError, match=r"c\.dcm: cannot decode its pixel data.*less than expected"):
         head_ct.read_dicom(tmp_path / "c.dcm")
 
 
@@ -581,6 +583,9 @@ def test_real_set_from_ph2_derm7pt_ham_and_isic(tmp_path):
     meta.mkdir(parents=True)
     pd.DataFrame({"case_num": [1, 2, 3], "diagnosis": ["clark nevus", "melanosis", "vascular lesion"],
                   "derm": ["NEL/a.jpg", "NEL/b.jpg", "VL/c.jpg"]}).to_csv(meta / "meta.csv", index=False)
+    for image in ("NEL/a.jpg", "NEL/b.jpg", "VL/c.jpg"):       # every image the table lists must be there
+        (raw / "derm7pt/release_v0/images" / image).parent.mkdir(parents=True, exist_ok=True)
+        (raw / "derm7pt/release_v0/images" / image).write_bytes(b"jpeg")
     derm = prepare_dataset(dataset("derm7pt"), raw)
     assert sorted(derm["class_name"]) == ["MISC", "MISC", "NEV"]
     write_manifest(manifests / "ph2.csv", ph2)

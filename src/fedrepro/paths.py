@@ -15,6 +15,8 @@ live side by side and never overwrite each other.
                                                           .fetch.json: when, with which library versions)
     resources/model_profiles/<key>.json                   a model's memory figures (a cache, fedrepro.fl.memory)
     resources/folder_checks/<dataset>.json                what the check of a folder dataset's files found (a cache)
+    benchmarks/gpu/<device>.csv                           a GPU's measured throughput table (fedrepro.throughput)
+    benchmarks/dataset_sizes.csv                          images per dataset where no split file is there (assumptions)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
     results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt and clients/ while running)
@@ -115,6 +117,21 @@ def folder_check(dataset: str) -> str:
 def model_profile(key: str) -> str:
     """A model's and method's memory figures, computed once on the meta device (fedrepro.fl.memory)."""
     return f"resources/model_profiles/{key}.json"
+
+
+THROUGHPUT_DIR = "benchmarks/gpu"
+DATASET_SIZES = "benchmarks/dataset_sizes.csv"
+SLURM_PROFILE = "workflow/profiles/slurm/config.yaml"
+
+
+def throughput_dir() -> str:
+    """Where the GPU throughput tables live (``benchmarks/train_step.py --device cuda`` writes them)."""
+    return THROUGHPUT_DIR
+
+
+def throughput_table(device_slug: str) -> str:
+    """One GPU's throughput table (:func:`fedrepro.throughput.slug` of its device name)."""
+    return f"{THROUGHPUT_DIR}/{device_slug}.csv"
 
 
 def published(relative: str) -> str:

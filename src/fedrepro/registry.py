@@ -260,9 +260,11 @@ def dataset(name: str):
     return DATASETS.get(name).obj
 
 
-def preparer(name: str) -> Callable:
-    """A function ``(spec, raw_root, manifest_dir=None) -> manifest DataFrame`` (raw layout -> manifest)."""
-    return PREPARERS.register(name)
+def preparer(name: str, check: Callable | None = None) -> Callable:
+    """A function ``(spec, raw_root, manifest_dir=None) -> manifest DataFrame`` (raw layout -> manifest).
+    ``check(spec, raw_root)``: what the download step runs before it marks a dataset complete (tables
+    readable, every listed file there) where the preparer itself converts files (default: the preparer)."""
+    return PREPARERS.register(name, check=check)
 
 
 def splitter(name: str) -> Callable:

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from fedrepro import paths
+from fedrepro import cost, paths
 from fedrepro.config import ConfigError, Project, check_config_files
 from fedrepro.embed import model_config as embed_model_config
 from fedrepro.models.weights import WeightsError, encoder_weights, weight_specs
 from fedrepro.models.weights import check as check_weights
 from fedrepro.paths import RunKey
+from fedrepro.throughput import ThroughputError, for_gpu
 
 
 # jobs call the `fedrepro` CLI; make the one installed next to this Snakemake win when the user
@@ -194,25 +195,78 @@ IMAGE_RUN_THREADS = PROJECT.config["image_run_threads"]
 FALLBACK_MEMORY = {"mem_mb": 32000, "gpu_mem_mb": 0}   # when a run's model cannot be estimated
 
 
+# ---- SLURM runtime and GPU memory from a measured throughput table --------------------------------
+# The profile names each GPU rule's GPU model (set-resources: <rule>: gpu_model, workflow/profiles/slurm); where
+# benchmarks/gpu/ holds that GPU's table (benchmarks/train_step.py --device cuda), the jobs ask for the runtime
+# and GPU memory its rates give, with the margins of fedrepro.cost; else for cost.FALLBACK_RUNTIME, unmeasured
+# guesses. CPU rules (image_cache) read the train rule's table, taken on the GPU nodes' CPUs.
+
+
+def profile_gpu_model(rule: str) -> str | None:
+    """The GPU model the profile Snakemake loaded asks for ``rule``, else the train rule's (None without one)."""
+    for name in (rule, "train"):
+        value = workflow.resource_settings.overwrite_resources.get(name, {}).get("gpu_model")
+        if value is not None:
+            return str(getattr(value, "raw", value))     # a profile's string, as written
+    return None
+
+
+def _throughput_tables() -> dict:
+    tables, notes = {}, {}
+    for name in ("train", "features", "downstream", "image_cache"):
+        model = profile_gpu_model(name)
+        try:
+            tables[name], why = for_gpu(model)
+        except ThroughputError as error:
+            raise WorkflowError(f"a throughput table in {paths.throughput_dir()}/ cannot be read: {error}")
+        if model:
+            notes[why if tables[name] else f"{why}; runtime and GPU memory requests are unmeasured guesses"] = True
+    for note in notes:
+        print(f"fedrepro: SLURM requests: {note}", file=sys.stderr)
+    return tables
+
+
+THROUGHPUT = _throughput_tables()
+
+
 @functools.lru_cache(maxsize=None)
-def _run_memory(path: str) -> dict:
+def _run_resources(path: str) -> dict:
+    """A run's mem_mb, gpu_mem_mb and runtime, planned once (Snakemake asks for each resource separately)."""
     from fedrepro.fl.memory import planned
 
+    key = RUNS[path]
+    guess = cost.FALLBACK_RUNTIME["train_features" if PROJECT.resolver.run_config(key)["input"] == "features" else "train_images"]
     try:
-        est = planned(PROJECT, RUNS[path], workers=IMAGE_RUN_THREADS - 1)
+        est = planned(PROJECT, key, workers=IMAGE_RUN_THREADS - 1)
     except Exception as error:  # noqa: BLE001 - planning never fails on an estimate
         print(f"fedrepro: no memory estimate for {path} ({error}); asking for {FALLBACK_MEMORY}", file=sys.stderr)
-        return FALLBACK_MEMORY
+        return {**FALLBACK_MEMORY, "runtime": guess}
     if "error" in est.profile:
         print(f"fedrepro: {path}: {est.profile['error']}; asking for {FALLBACK_MEMORY}", file=sys.stderr)
-        return FALLBACK_MEMORY
-    return {"mem_mb": est.host_mb(), "gpu_mem_mb": est.gpu_mb()}
+        return {**FALLBACK_MEMORY, "runtime": guess}
+    request = cost.train_request(PROJECT, key, est, THROUGHPUT["train"])
+    return {"mem_mb": est.host_mb(), "gpu_mem_mb": request.gpu_mem_mb, "runtime": request.runtime}
 
 
-def run_memory(wildcards) -> dict:
-    """{"mem_mb", "gpu_mem_mb"} of a run, from its estimate (fedrepro.fl.memory): the host memory its
-    job needs with the rule's loader workers, and the GPU memory of an image run."""
-    return _run_memory(run_key(wildcards).path)
+def run_resources(wildcards) -> dict:
+    """{"mem_mb", "gpu_mem_mb", "runtime"} of a run: host memory from its estimate (fedrepro.fl.memory) with the
+    rule's loader workers; GPU memory and runtime from the measured rates where a table is here (fedrepro.cost)."""
+    return _run_resources(run_key(wildcards).path)
+
+
+@functools.lru_cache(maxsize=None)
+def _features_request(dataset: str, key: str, threads: int):
+    encoder = FEATURES[f"{dataset}/{key}"]["encoder"]
+    return cost.features_request(THROUGHPUT["features"], dataset, encoder, max(1, threads - 1))
+
+
+def features_request(wildcards, threads: int):
+    """Runtime and GPU memory of a feature cache: one encoder pass, decoded by the job's workers (threads - 1)."""
+    return _features_request(wildcards.dataset, wildcards.key, threads)
+
+
+def image_cache_request(wildcards, threads: int):
+    return cost.image_cache_request(THROUGHPUT["image_cache"], wildcards.dataset, threads)
 
 
 def train_group(wildcards):
@@ -221,11 +275,25 @@ def train_group(wildcards):
     return "train_features" if on_features(wildcards) else None
 
 
-def downstream_job(wildcards) -> dict:
+def downstream_key(wildcards) -> str:
     key = run_key(wildcards)
     if f"{key.path}/{wildcards.task}" not in DOWNSTREAM:
         raise WorkflowError(f"no downstream evaluation {key.path}/{wildcards.task} in the configuration")
-    return PROJECT.resolver.downstream_config(key, wildcards.task)
+    return f"{key.path}/{wildcards.task}"
+
+
+def downstream_job(wildcards) -> dict:
+    return PROJECT.resolver.downstream_config(*DOWNSTREAM[downstream_key(wildcards)])
+
+
+@functools.lru_cache(maxsize=None)
+def _downstream_request(name: str):
+    table = THROUGHPUT["downstream"]       # without one, the guess: no job config to build
+    return cost.downstream_request(table, PROJECT.resolver.downstream_config(*DOWNSTREAM[name]) if table else None)
+
+
+def downstream_request(wildcards):
+    return _downstream_request(downstream_key(wildcards))
 
 
 def downstream_inputs(wildcards) -> dict:

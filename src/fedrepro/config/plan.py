@@ -87,7 +87,7 @@ class Plan:
             s = self.resolver.setting(paper_name, setting, protocol)
             out[self.resolver.split_id(paper_name, setting, run_seed, protocol)] = {
                 "dataset": s["dataset"],
-                "spec": {k: v for k, v in s["split"].items() if k != "seed"},
+                "spec": self.resolver.split_spec(paper_name, setting, run_seed, protocol),
                 "seed": self.resolver.split_seed(paper_name, setting, run_seed, protocol),
             }
         return out
