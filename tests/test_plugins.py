@@ -155,7 +155,7 @@ def test_the_method_joins_every_table_with_a_fedavg_row_and_the_check_says_what_
     notes = "\n".join(proj.extension.notes())
     assert "fediic/table1: rows Mine" in notes
     assert "fediic/imbalance skipped: a class_balance table" in notes
-    assert "facmic/table2 skipped: no row of algorithm fedavg (like: fedavg) to swap Mine into; its rows: FACMIC, FedCLIP" in notes
+    assert "facmic/table2 skipped: for Mine: no row of fedavg (its like:) to swap it into; its rows: FACMIC, FedCLIP" in notes
     # the twin runs as the FedAvg row beside it: the same train block, the extension's method and params
     fedavg = proj.resolver.run_config(proj.resolver.run_key("fediic", "lt_creff", "fedavg", 0))
     mine = proj.resolver.run_config(proj.resolver.run_key("fediic", "lt_creff", "mine", 0))
@@ -177,7 +177,7 @@ def test_a_method_that_cannot_train_the_rows_runs_is_skipped_saying_why(plugins)
 
 def test_an_extension_that_fits_nowhere_says_why_for_every_table(plugins):
     with pytest.raises(ConfigError, match=r"(?s)config: extension \(mine\) adds nothing to any table:\n.*facmic/table2 skipped: "
-                                          r"no row of algorithm fedavg"):
+                                          r"for mine2: no row of fedavg"):
         project(extension(mine2={"method": "fedprox", "papers": ["facmic"]}))
 
 

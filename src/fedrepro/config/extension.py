@@ -114,8 +114,8 @@ class Extension:
             view["methods"][v].get("method", v) == method["like"] for v in self.variants_of(e))]
         if not baselines:
             shown = sorted({view["methods"][v].get("label", v) for e in entries for v in self.variants_of(e)})
-            self.skip(paper, table, f"no row of algorithm {method['like']} (like: {method['like']}) to swap "
-                                    f"{method.get('label', key)} into; its {axis}: {', '.join(shown)}")
+            self.skip(paper, table, f"for {method.get('label', key)}: no row of {method['like']} (its like:) to swap "
+                                    f"it into; its {axis}: {', '.join(shown)}")
             return False
         labels = {self.label_of(view, e) for e in entries}
         for base in baselines:
