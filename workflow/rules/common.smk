@@ -298,10 +298,17 @@ def downstream_request(wildcards):
     return _downstream_request(downstream_key(wildcards))
 
 
+# A trained model is read by the downstream and embed jobs, but its time is not compared (`ancient`): a `dvc pull
+# checkpoints` gives every model.pt the time of the pull, after the downstream results and embeddings made from it,
+# and Snakemake would rerun them all (and, for the data they read, download, prepare and retrain). Each job also reads
+# a file the training job writes beside the model (metrics.json, run_manifest.json), which is compared: a run
+# trained again still reruns what was made from its model.
+
+
 def downstream_inputs(wildcards) -> dict:
     job = downstream_job(wildcards)
     return {
-        "model": job["paths"]["checkpoint"],
+        "model": ancient(job["paths"]["checkpoint"]),
         "metrics": job["paths"]["metrics"],
         "manifest": job["paths"]["manifest"],
         "raw": paths.raw_marker(job["spec"]["dataset"], RAW),
@@ -318,7 +325,8 @@ def embed_job(wildcards) -> dict:
 
 def embed_inputs(wildcards) -> dict:
     job = embed_job(wildcards)
-    inputs = {"model": job["checkpoint"], **train_inputs(wildcards)}
+    inputs = {"model": ancient(job["checkpoint"]), "run": paths.run_file(run_key(wildcards), "run_manifest.json"),
+              **train_inputs(wildcards)}
     inputs["weights"] = weights_inputs(weight_specs(embed_model_config(job["run"])))
     return inputs
 
