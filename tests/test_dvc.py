@@ -66,13 +66,13 @@ HEAVY = {"download", "prepare", "split", "image_cache", "features", "weights", "
 
 
 @pytest.mark.slow
-def test_push_fresh_clone_pull_then_every_output_and_the_report_rebuild_without_training(tmp_path):
+def test_push_fresh_clone_pull_then_every_output_and_the_report_rebuild_without_training(tmp_path, forkserver):
     """Issue 34: everything a table, figure, scorecard, the evidence page or the report is made of comes back with a
     pull (downstream results and embeddings included), so deleting every table, figure and scorecard of a fresh clone
     and asking for them again runs report jobs only: no training, downstream, download, prepare or feature job, and
     `snakemake --report` builds. A plain `dvc pull checkpoints` afterwards reruns nothing either."""
     origin = copy_repo(tmp_path / "origin")
-    env = tool_env(origin, tmp_path / "home")
+    env = {**tool_env(origin, tmp_path / "home"), "FEDREPRO_FORKSERVER": str(forkserver)}   # jobs start in < 1 s
     run(["git", "init", "-q", "-b", "main"], origin, env)
     run(["git", "add", "-A"], origin, env)
     run(["git", "commit", "-q", "-m", "checkout"], origin, env)
@@ -91,7 +91,7 @@ def test_push_fresh_clone_pull_then_every_output_and_the_report_rebuild_without_
 
     clone = tmp_path / "clone"
     run(["git", "clone", "-q", str(origin), str(clone)], tmp_path, env)
-    env = tool_env(clone, tmp_path / "home")
+    env = {**tool_env(clone, tmp_path / "home"), "FEDREPRO_FORKSERVER": str(forkserver)}
     assert not (clone / "results/runs").exists()
     run(["python", "scripts/dvc-results.py", "pull", "--", *configs], clone, env)
     for stage in ("splits", "runs", "downstream", "embeddings", "tables", "figures", "scorecards", "evidence"):

@@ -68,16 +68,16 @@ def test_pull_refuses_a_corrupt_remote_copy_by_name_and_a_missing_remote_by_path
     assert missing.returncode == 1 and f"{tmp_path / 'gone'} does not exist or is not readable" in missing.stderr
 
 
-def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatch, capsys):
-    """Raw data, the decode-once pixel caches and the manifests (MIMIC-CXR's carries report text) stay on the
-    machine unless --stages names them; push says which it held back and why."""
+def recording(root: Path, monkeypatch, outputs: tuple[str, ...]):
+    """dvc-results.py on a fake repository at ``root`` (dvc.yaml, the shipped top-level configs, ``outputs`` as empty
+    folders) whose commands are recorded, not run, and whose Snakemake has nothing left to do -> (module, commands)."""
     module = dvc_results()
-    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
-    (tmp_path / "config").mkdir()
-    (tmp_path / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
-    for out in ("resources/raw/mimic_cxr", "resources/images/mimic_cxr", "resources/manifests", "resources/splits",
-                "results/runs"):
-        (tmp_path / out).mkdir(parents=True)
+    (root / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
+    (root / "config").mkdir()
+    for name in ("config.yaml", "demo.yaml", "evidence.yaml"):
+        (root / "config" / name).write_text((REPO / "config" / name).read_text())
+    for out in outputs:
+        (root / out).mkdir(parents=True)
     commands = []
 
     def record(cmd, capture=False, check=True):
@@ -86,6 +86,14 @@ def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatc
 
     monkeypatch.setattr(module, "run", record)
     monkeypatch.setattr(module, "pending_jobs", lambda args: 0)
+    return module, commands
+
+
+def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatch, capsys):
+    """Raw data, the decode-once pixel caches and the manifests (MIMIC-CXR's carries report text) stay on the
+    machine unless --stages names them; push says which it held back and why."""
+    module, commands = recording(tmp_path, monkeypatch, ("resources/raw/mimic_cxr", "resources/images/mimic_cxr",
+                                                         "resources/manifests", "resources/splits", "results/runs"))
     module.push(SimpleNamespace(stages=None, snakemake=[], force=False), tmp_path)
     assert ["dvc", "push", "splits", "runs"] in commands
     held = capsys.readouterr().err
@@ -101,19 +109,7 @@ def test_push_and_pull_refuse_a_configuration_whose_results_no_stage_holds(tmp_p
     """The demo writes to results/demo and the evidence run to results/evidence-run, outside dvc.yaml's stages: pushing
     "the demo's results" would record the full grid's folders instead (or nothing), and pulling would touch the wrong
     files. Both stop before any DVC or git command, naming the folder; the full grid's configuration passes."""
-    module = dvc_results()
-    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
-    (tmp_path / "config").mkdir()
-    for name in ("config.yaml", "demo.yaml", "evidence.yaml"):
-        (tmp_path / "config" / name).write_text((REPO / "config" / name).read_text())
-    (tmp_path / "results/runs").mkdir(parents=True)
-    commands = []
-    def record(cmd, capture=False, check=True):
-        commands.append(cmd)
-        return SimpleNamespace(returncode=0, stdout="", stderr="")
-
-    monkeypatch.setattr(module, "run", record)
-    monkeypatch.setattr(module, "pending_jobs", lambda args: 0)
+    module, commands = recording(tmp_path, monkeypatch, ("results/runs",))
     for action in (module.push, module.pull):
         for words, folder in ((["--configfile", "config/demo.yaml"], "results/demo"),
                               (["all", "--cores", "2", "--configfile", "config/config.yaml", "config/demo.yaml"], "results/demo"),
