@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from conftest import build_image_caches, draw_figure
+from fedrepro import paths
 from fedrepro.config import load_project
 from fedrepro.data.datasets.fundus import circle_crop
 from fedrepro.data.download import ManualStepRequired, download_dataset
@@ -629,8 +630,8 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
 
     build_image_caches(run)
     run["train"].update(rounds=1, eval_every=1, local={**run["train"]["local"], "steps": 2})    # shorter than the demo
-    summary = train_run(run, f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
-    metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
+    summary = train_run(run, paths.run_dir(key), paths.checkpoint_dir(key))
+    metrics = json.loads(Path(paths.run_file(key)).read_text())
     assert metrics == json.loads(json.dumps(summary))
     for c in range(3):
         for where, n in (("global", wanted[3]), ("external", wanted[4])):
@@ -638,8 +639,8 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
             assert result["n"] == n and 0.0 <= result["acc"] <= 1.0
     model = sum(p.numel() for p in model_class(run["train"]["model"]["family"])(run["train"]["model"], ["a", "b"], {}).build().parameters())
     assert 0 < metrics["comm"]["params_per_client_round"] < 0.2 * 2 * model   # adapters + prototype layer only
-    assert Path(f"results/checkpoints/{key.path}/model.pt").is_file()
-    assert not Path(f"results/checkpoints/{key.path}/resume.pt").exists()
+    assert Path(paths.model_file(key)).is_file()
+    assert not Path(paths.checkpoint_dir(key), "resume.pt").exists()
 
     draw_figure(project, "fedadapterproto", "fig4", tmp_path / "fig4.png")
     assert (tmp_path / "fig4.png").stat().st_size > 10_000 and (tmp_path / "fig4.pdf").is_file()

@@ -19,6 +19,7 @@ import torch
 
 from conftest import build_image_caches
 from dicom_files import write_dicom
+from fedrepro import paths
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)   # the demo jobs run single-threaded too; on a shared 2-core machine more threads only contend
@@ -1015,7 +1016,7 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
     split = make_split(read_manifest(run["paths"]["manifest"]), spec["spec"], spec["seed"])
     write_json(run["paths"]["split"], {"dataset": "demo_vlp", "spec": spec["spec"], "seed": spec["seed"],
                                        "manifest_sha256": sha256_file(run["paths"]["manifest"]), **split.to_json()})
-    out, ckpt = Path("results/runs") / key.path, Path("results/checkpoints") / key.path
+    out, ckpt = Path(paths.run_dir(key)), Path(paths.checkpoint_dir(key))
     build_image_caches(run)
     run["algorithm"]["params"].update(stage1_steps=1, stage2_steps=1)        # shorter turns than the demo's
     summary = train_run(run, out, ckpt)
@@ -1032,12 +1033,12 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
 
     for task, metric in (("cls", "acc"), ("seg", "dice")):
         job = demo_project.resolver.downstream_config(key, task)
-        result = run_downstream(job, Path("results/downstream") / key.path / f"{task}.json")
+        result = run_downstream(job, paths.downstream(key, task))
         keys = ["1%", "10%"] if task == "cls" else ["2%", "10%"]
         assert list(result["eval"]) == keys
         assert all(0.0 <= result["eval"][k][metric] <= 1.0 for k in keys)
         assert result["sizes"]["train"][keys[0]] < result["sizes"]["train"][keys[1]]
         assert result["run"]["config_hash"] == run["config_hash"]
         assert result["inputs"]["manifest_sha256"] == sha256_file(job["paths"]["manifest"])    # tables compare it
-    cls = read_json(Path("results/downstream") / key.path / "cls.json")
+    cls = read_json(paths.downstream(key, "cls"))
     assert cls["eval"]["10%"]["n"] == cls["sizes"]["test"]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from conftest import build_image_caches, draw_figure
 from dicom_files import write_dicom
+from fedrepro import paths
 from fedrepro.data.datasets import demo_sets, head_ct, skin
 from fedrepro.data.partition import SplitError
 from fedrepro.data.splitters.fediic import (
@@ -908,13 +909,13 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
         run = demo_project.resolver.run_config(key)
         build_image_caches(run)
         run["train"].update(rounds=2, local={**run["train"]["local"], "steps": 2})     # shorter than the demo
-        summary = train_run(run, f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
-        metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
+        summary = train_run(run, paths.run_dir(key), paths.checkpoint_dir(key))
+        metrics = json.loads(Path(paths.run_file(key)).read_text())
         assert metrics["run"]["method"] == summary["run"]["method"] == method and metrics["rounds"] == 2
         assert metrics["selection"]["validation"] == "val_pooled"
         assert 0.0 <= metrics["eval"]["global"]["bacc"] <= 1.0 and metrics["eval"]["global"]["n"] == 204
-        assert Path(f"results/checkpoints/{key.path}/model.pt").exists()
-        assert not Path(f"results/checkpoints/{key.path}/resume.pt").exists()
+        assert Path(paths.model_file(key)).exists()
+        assert not Path(paths.checkpoint_dir(key), "resume.pt").exists()
     write_table(make_table(table_item(demo_project, "clean", "fediic", "imbalance")), "results/tables/fediic/imbalance.md", "std")
     balance = pd.read_csv("results/tables/fediic/imbalance.csv")
     ratio = balance[balance["column"] == "imbalance ratio"]["mean"]

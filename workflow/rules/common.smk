@@ -78,8 +78,23 @@ def per_attempt(base: int):
     return lambda wildcards, attempt: base * attempt
 
 
+def refuse_until_all() -> None:
+    """`--until` reads every word after it as a rule (or file), so `--until weights all` means "everything up to
+    `weights` and up to `all`": the whole grid (downloads, training), not the weights. `all` is never meant there:
+    stop before any job is planned, with the command that was meant. (Snakemake sets `dag_settings` after parsing
+    this file, so the check runs in the input function of `all`, which `--until all` makes a target.)"""
+    dag_settings = getattr(workflow, "dag_settings", None)
+    if dag_settings is not None and "all" in dag_settings.until:
+        rules_ = " ".join(sorted(set(dag_settings.until) - {"all"})) or "<rule>"
+        raise WorkflowError(
+            f"`--until` was given `all`: Snakemake reads every word after `--until` as a rule to run up to, so this "
+            f"would plan the whole grid (downloads and training included). Put the target first "
+            f"(`snakemake all --until {rules_}`); for the pretrained weights alone: `snakemake --cores 2 all_weights`.")
+
+
 def all_outputs(wildcards=None) -> list[str]:
     """What `all` builds: the kinds of output the configuration names (`outputs`)."""
+    refuse_until_all()
     kinds = {
         "tables": lambda: [paths.table(protocol, paper, table) for protocol, paper, table in PROJECT.plan.tables()],
         "figures": lambda: [paths.figure(protocol, paper, figure) for protocol, paper, figure in PROJECT.plan.figures()],
@@ -142,6 +157,11 @@ def weights_inputs(specs) -> list[str]:
             _CHECKED_WEIGHTS[spec.id] = True
         out.append(manifest)
     return out
+
+
+def all_weights(wildcards=None) -> list[str]:
+    """What `all_weights` fetches: the manifest of every pretrained-weights resource some job loads."""
+    return weights_inputs(PROJECT.plan.weights().values())
 
 
 def features_weights(wildcards) -> list[str]:
@@ -296,10 +316,17 @@ def downstream_request(wildcards):
     return _downstream_request(downstream_key(wildcards))
 
 
+# A trained model is read by the downstream and embed jobs, but its time is not compared (`ancient`): a `dvc pull
+# checkpoints` gives every model.pt the time of the pull, after the downstream results and embeddings made from it,
+# and Snakemake would rerun them all (and, for the data they read, download, prepare and retrain). Each job also reads
+# a file the training job writes beside the model (metrics.json, run_manifest.json), which is compared: a run
+# trained again still reruns what was made from its model.
+
+
 def downstream_inputs(wildcards) -> dict:
     job = downstream_job(wildcards)
     return {
-        "model": job["paths"]["checkpoint"],
+        "model": ancient(job["paths"]["checkpoint"]),
         "metrics": job["paths"]["metrics"],
         "manifest": job["paths"]["manifest"],
         "raw": paths.raw_marker(job["spec"]["dataset"], RAW),
@@ -316,7 +343,8 @@ def embed_job(wildcards) -> dict:
 
 def embed_inputs(wildcards) -> dict:
     job = embed_job(wildcards)
-    inputs = {"model": job["checkpoint"], **train_inputs(wildcards)}
+    inputs = {"model": ancient(job["checkpoint"]), "run": paths.run_file(run_key(wildcards), "run_manifest.json"),
+              **train_inputs(wildcards)}
     inputs["weights"] = weights_inputs(weight_specs(embed_model_config(job["run"])))
     return inputs
 
