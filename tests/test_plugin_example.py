@@ -33,7 +33,8 @@ from conftest import ROOT, copy_repo_skeleton
 pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "examples/fedrepro-fedavgm"
-TABLES = "results/extensions/fedavgm/tables/clean/fediic"
+RESULTS = "results/demo"      # the demo configuration's results folder (results_dir)
+TABLES = f"{RESULTS}/extensions/fedavgm/tables/clean/fediic"
 
 
 def venv_with_shared_packages(folder: Path) -> Path:
@@ -57,7 +58,7 @@ def snakemake(python: Path, work: Path, env: dict, *args: str) -> subprocess.Com
 
 def trained(log: str) -> set[str]:
     """The runs a Snakemake log (or dry run) trains: their folders."""
-    return set(re.findall(r"output: (results/runs/[^,\s]+)/metrics\.json", log))
+    return set(re.findall(r"output: (results/demo/runs/[^,\s]+)/metrics\.json", log))
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +113,10 @@ def test_the_package_passes_its_own_tests_where_it_is_installed(example):
 
 def test_only_the_new_runs_train(example):
     papers = trained(example["papers"].stdout + example["papers"].stderr)
-    assert papers == {"results/runs/clean/fediic/lt_creff/fedavg/seed0", "results/runs/clean/fediic/lt_creff/fediic/seed0"}
+    assert papers == {f"{RESULTS}/runs/clean/fediic/lt_creff/fedavg/seed0", f"{RESULTS}/runs/clean/fediic/lt_creff/fediic/seed0"}
     planned = trained(example["plan"].stdout)
-    assert planned == {"results/runs/clean/fediic/lt_creff/fedavgm/seed0"} | {
-        f"results/runs/clean/fediic/shapes/{m}/seed0" for m in ("fedavg", "fedavgm", "fediic")}
+    assert planned == {f"{RESULTS}/runs/clean/fediic/lt_creff/fedavgm/seed0"} | {
+        f"{RESULTS}/runs/clean/fediic/shapes/{m}/seed0" for m in ("fedavg", "fedavgm", "fediic")}
     log = example["extended"].stderr
     assert "extension fedavgm: feddra skipped: feddra is not among the configuration's papers ['fediic']" in log
     assert "extension fedavgm: fediic/imbalance skipped: a class_balance table" in log
@@ -128,7 +129,7 @@ def test_the_tables_gain_the_row_with_real_numbers(example):
     mine = table[table["row"] == "FedAvgM"]
     assert (mine["n"] == 1).all() and mine["mean"].between(0, 100).all() and mine["published"].isna().all()
     assert table[table["row"] == "FedAvg"]["published"].notna().all()      # the papers' values stay beside it
-    papers = pd.read_csv(work / "results/tables/clean/fediic/table1.csv")
+    papers = pd.read_csv(work / f"{RESULTS}/tables/clean/fediic/table1.csv")
     same = table.merge(papers, on=["row", "column"], suffixes=("", "_papers"))
     assert len(same) == 6 and (same["mean"] == same["mean_papers"]).all()  # FedAvg and FedIIC: the very same runs
     markdown = (work / TABLES / "table1.md").read_text()
@@ -143,15 +144,15 @@ def test_the_tables_gain_the_row_with_real_numbers(example):
 
 def test_the_scorecard_and_the_evidence_page_include_it(example):
     work = example["work"]
-    card = pd.read_csv(work / "results/extensions/fedavgm/scorecards/fediic.csv")
+    card = pd.read_csv(work / f"{RESULTS}/extensions/fedavgm/scorecards/fediic.csv")
     mine = card[(card["table"] == "table1") & (card["row"] == "FedAvgM")]
     assert len(mine) == 3 and (mine["verdict"] == "unpublished").all()
     assert set(card[(card["table"] == "table1") & (card["row"] == "FedAvg")]["verdict"]) == {"no interval"}   # 1 seed
     assert set(card[card["table"] == "table1@shapes"]["verdict"]) == {"unpublished"}
-    evidence = pd.read_csv(work / "results/extensions/fedavgm/evidence/bar.csv")
+    evidence = pd.read_csv(work / f"{RESULTS}/extensions/fedavgm/evidence/bar.csv")
     assert {("lt_creff", "fedavgm"), ("shapes", "fedavgm"), ("shapes", "fediic")} <= set(zip(evidence["setting"],
                                                                                                evidence["method"]))
-    manifest = json.loads((work / "results/runs/clean/fediic/shapes/fedavgm/seed0/run_manifest.json").read_text())
+    manifest = json.loads((work / f"{RESULTS}/runs/clean/fediic/shapes/fedavgm/seed0/run_manifest.json").read_text())
     assert manifest["plugins"]["method"] == {"name": "fedavgm", "plugin": "fedrepro_fedavgm", "version": "0.1.0",
                                              "found": "entry point fedavgm = fedrepro_fedavgm of fedrepro-fedavgm 0.1.0"}
     assert manifest["plugins"]["dataset"]["plugin"] == "config"

@@ -161,7 +161,8 @@ def test_the_method_joins_every_table_with_a_fedavg_row_and_the_check_says_what_
     mine = proj.resolver.run_config(proj.resolver.run_key("fediic", "lt_creff", "mine", 0))
     assert mine["train"] == fedavg["train"] and mine["split_id"] == fedavg["split_id"]
     assert mine["algorithm"] == {"name": "mine", "params": {"beta": 0.3}}
-    assert paths.table("clean", "fediic", "table1") == "results/extensions/mine/tables/clean/fediic/table1.md"
+    # the extension's reports go beside the configuration's own results (the demo's: results/demo)
+    assert paths.table("clean", "fediic", "table1") == f"{proj.config['results_dir']}/extensions/mine/tables/clean/fediic/table1.md"
 
 
 def test_a_method_that_cannot_train_the_rows_runs_is_skipped_saying_why(plugins):
