@@ -20,7 +20,7 @@ def cmd_download(args) -> None:
     from .data import download
     from .registry import dataset
 
-    spec = dataset(args.dataset)
+    spec = dataset(args.dataset)          # an unknown name: one line with the closest known one
     if args.check:  # report on the placed tree, change nothing
         complete, lines = download.check_dataset(spec, Path(args.raw_dir))
         print("\n".join(f"{spec.name}: {line}" for line in lines))
@@ -168,6 +168,8 @@ def cmd_scorecard(args) -> None:
     from .report.item import stand_in
 
     project = _project(args)
+    if args.paper != "all":
+        project.resolver.check_names(args.paper)
     check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
     tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"),
@@ -266,7 +268,8 @@ def cmd_estimate(args) -> None:
         key = project.resolver.run_key(args.paper, args.setting, args.method, args.seed if args.seed is not None else project.seeds[0],
                               args.protocol)
         if key not in set(project.plan.runs()):
-            raise ConfigError(f"no run {key.path} in the configuration (fedrepro validate lists the grid)")
+            raise ConfigError(f"no run {key.path} in the configuration: no table or figure uses {args.method} on "
+                              f"{args.setting} (`fedrepro estimate` without arguments lists every run)")
         est = planned(project, key, args.workers, args.device)
         print("\n".join(est.lines()))
         print(f"request: mem_mb={est.host_mb()}" + (f" gpu_mem_mb={est.gpu_mb()}" if est.gpu else ""))
@@ -511,14 +514,14 @@ def main(argv: list[str] | None = None) -> None:
     from .fl.memory import InsufficientMemory
     from .io import BrokenFile, DiskFull, StaleInput
     from .models.weights import WeightsError
-    from .registry import PluginError
+    from .registry import PluginError, UnknownName
     from .throughput import ThroughputError
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
             WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput, ThroughputError,
-            PluginError) as error:
+            PluginError, UnknownName) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

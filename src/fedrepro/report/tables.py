@@ -435,6 +435,7 @@ def build_class_balance_table(item: ReportItem) -> TableResult:
 # building one table
 
 def table_item(project: Project, protocol: str, paper: str, table: str) -> ReportItem:
+    project.resolver.check_names(paper, table=table)
     return ReportItem(project, protocol, paper, "tables", table)
 
 
