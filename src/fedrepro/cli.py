@@ -204,6 +204,18 @@ def cmd_evidence(args) -> None:
         raise SystemExit(f"{len(failed)} run(s) below the learning bar and not exempt ({Path(out).parent / 'bar.csv'}):\n{rows}")
 
 
+def cmd_report(args) -> None:
+    from . import paths
+    from .config import load_project
+    from .report import overview
+
+    project = _project(args) if args.config_json else load_project(args.configfiles or None)
+    rule_graph = None if args.no_rule_graph else overview.rule_graph_dot(project.configfiles)
+    out = args.out or paths.report()
+    overview.write(project, out, rule_graph)
+    logging.getLogger("fedrepro").info("report: %s", out)
+
+
 def cmd_embed(args) -> None:
     from .embed import embed
 
@@ -450,6 +462,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", help="default: <results_dir>/evidence/index.html of the configuration")
     p.add_argument("--check", action="store_true", help="exit 1 if a run that is not exempt is below the bar")
     p.set_defaults(fn=cmd_evidence)
+
+    p = sub.add_parser("report", help="one self-contained page of what is built: per paper what ran, whether the "
+                                      "published numbers reproduced, the tables and figures (<results_dir>/report.html)")
+    _add_config_json(p, required=False)
+    p.add_argument("--out", help="default: <results_dir>/report.html of the configuration")
+    p.add_argument("--no-rule-graph", action="store_true", help="leave out the rule graph (it asks Snakemake for it)")
+    p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("embed", help="extract what a figure needs from a trained model (features, prototype patches)")
     p.add_argument("--job", required=True, help="resolved embed job as JSON")
