@@ -377,6 +377,12 @@ def main(argv: list[str] | None = None) -> None:
         code = run_via_server(argv)
         if code is not None:
             raise SystemExit(code)
+    args = build_parser().parse_args(argv)
+    run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its options (the commands the docs and messages name are checked against it)."""
     parser = argparse.ArgumentParser(prog="fedrepro", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--log", metavar="FILE", help="append this process's stderr to the job log FILE, which keeps "
@@ -508,8 +514,10 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("validate", help="validate the configuration and count what it would build")
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
     p.set_defaults(fn=cmd_validate)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def run(args) -> None:
     if args.log:
         attach_log(args.log)
         attempt_header(args.command)

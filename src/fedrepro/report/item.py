@@ -125,7 +125,7 @@ def require(path: str | Path) -> Path:
     """``path``, or a FileNotFoundError that says which rule builds it."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: build it first (snakemake {path}), or pull it "
+        raise FileNotFoundError(f"{path} not found: build it first (snakemake --cores all {path}), or pull it "
                                 f"(scripts/dvc-results.py pull)")
     return path
 
