@@ -93,6 +93,13 @@ def score_runs(project: Project) -> pd.DataFrame:
     return pd.DataFrame([score_run(project, key) for key in project.plan.runs()])
 
 
+def read_bar(path: str | Path) -> pd.DataFrame:
+    """bar.csv as :func:`write_page` wrote it (an empty ``exempt`` is no exemption, not NaN)."""
+    scores = pd.read_csv(path)
+    scores["exempt"] = scores["exempt"].astype(object).fillna("").astype(str)
+    return scores
+
+
 def failures(scores: pd.DataFrame) -> pd.DataFrame:
     """Runs below the bar that are not exempt."""
     return scores[~scores["passed"] & (scores["exempt"] == "")]

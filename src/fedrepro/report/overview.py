@@ -112,7 +112,7 @@ def what_ran(project: Project, paper: str) -> list[str]:
     if downstream:
         lines.append(f"Downstream evaluations: {sum(Path(d).exists() for d in downstream)} of {len(downstream)} done.")
     description = stand_in(project, paper)
-    lines.append(f"Data and models: {stand_in_warning(description)}" if description else
+    lines.append("Data and models: stand-ins for the paper's (the note above)." if description else
                  "Data and models: the paper's own (see docs/datasets.md).")
     return lines
 
@@ -134,10 +134,9 @@ def evidence_verdict(project: Project, paper: str) -> list[str]:
     csv = Path(paths.evidence("bar.csv"))
     if not csv.exists():
         return [f"No learning-bar page yet: {build_command(project, paths.evidence())}"]
-    from .evidence import summary_table
+    from .evidence import read_bar, summary_table
 
-    scores = pd.read_csv(csv)
-    scores["exempt"] = scores["exempt"].astype(object).fillna("").astype(str)      # no reason: not exempt
+    scores = read_bar(csv)
     rows = summary_table(scores[scores["paper"] == paper]) if (scores["paper"] == paper).any() else pd.DataFrame()
     if rows.empty:
         return ["No run of this paper on the learning-bar page yet."]
