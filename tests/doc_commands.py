@@ -248,6 +248,25 @@ HOW: dict[str, How] = {
     "snakemake --cores 8 ...": Instead("snakemake -n --cores 8 results/tables/clean/facmic/table2.md",
                                        "the text's \"...\" stands for a paper's targets"),
     "PYTHONPATH=$PWD/src .venv/bin/python -m pytest -q tests/parity/test_feddra_*.py tests/test_feddra.py": Skip(SUITE),
+    # ---- GPU cost (issue 36)
+    "fedrepro estimate <target file>": Instead("fedrepro estimate results/tables/clean/facmic/table2.md", "a concrete "
+                                               "target", "No GPU figure has been measured in this repository yet"),
+    "fedrepro estimate <target>": Instead("fedrepro estimate results/tables/clean/facmic/table2.md", "a concrete target",
+                                          "No GPU figure has been measured in this repository yet"),
+    "fedrepro estimate results/tables/clean/facmic/table2.md": Run("No GPU figure has been measured in this repository"),
+    "fedrepro estimate all": Run("No GPU figure has been measured in this repository"),
+    "fedrepro estimate results/tables/clean/facmic/table2.md --throughput my_gpu.csv": Instead(
+        "fedrepro estimate results/tables/clean/facmic/table2.md --throughput tests/data/throughput/fixture-gpu.csv",
+        "a GPU's measured table (train_step.py writes it on a GPU): the tests' hand-written fixture stands in", "ours:"),
+    "python benchmarks/train_step.py --device cuda": Help("python benchmarks/train_step.py", GPU),
+    "python benchmarks/gpu_hours.py": Run("No GPU figure has been measured in this repository yet"),
+    # ---- data (issue 32)
+    "fedrepro prepare": Skip("names the command the `prepare` rule runs (the pipeline tests run the rule)"),
+    "fedrepro download <dataset> --reverify": Instead("fedrepro download demo_bt --reverify", "a concrete dataset",
+                                                      setup=("fedrepro download demo_bt",)),
+    # ---- numbers in the docs
+    "python benchmarks/demo_numbers.py": Help("python benchmarks/demo_numbers.py", "needs a demo run's results; "
+                                              "tests/test_doc_numbers.py renders its block and checks it against them"),
 }
 
 # commands that differ only in their target, one rule each (every pattern must match a documented command)

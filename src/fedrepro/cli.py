@@ -259,7 +259,7 @@ def cmd_weights(args) -> None:
 
 def cmd_estimate(args) -> None:
     from . import cost, estimate
-    from .config import ConfigError, check_choice, load_project
+    from .config import ConfigError, load_project
     from .fl.memory import fmt, planned
     from .throughput import choose
 
@@ -271,12 +271,10 @@ def cmd_estimate(args) -> None:
         print("\n".join(estimate.summary(project, target, table, why, authors)))
         return
     if args.paper:
-        check_choice(args.paper, project.papers, "fedrepro estimate: paper")
+        project.resolver.check_names(args.paper)          # one line with the closest name, as everywhere
         if not (args.setting and args.method):
             raise ConfigError("fedrepro estimate <paper> <setting> <method>: give all three, a target file (e.g. "
                               "results/tables/clean/facmic/table2.md), or nothing for a line per run of the grid")
-        check_choice(args.setting, project.papers[args.paper]["settings"], f"fedrepro estimate: setting of {args.paper}")
-        check_choice(args.method, project.papers[args.paper]["methods"], f"fedrepro estimate: method of {args.paper}")
         key = project.resolver.run_key(args.paper, args.setting, args.method, args.seed if args.seed is not None else project.seeds[0],
                               args.protocol)
         if key not in set(project.plan.runs()):

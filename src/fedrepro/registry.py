@@ -60,13 +60,14 @@ class PluginError(ValueError):
     the name and what has it."""
 
 
-def did_you_mean(value: Any, allowed) -> str:
-    """`` (did you mean 'x'?)`` for the allowed name closest to ``value``, or ``""``: the one suggestion every
-    message about an unknown name gives (configuration keys and values, registries, command-line names)."""
+def did_you_mean(value: Any, allowed, n: int = 1) -> str:
+    """`` (did you mean 'x'?)`` for the allowed name closest to ``value`` (up to ``n`` of them), or ``""``: the one
+    suggestion every message about an unknown name gives (configuration keys and values, registries, command-line
+    names and targets)."""
     if not isinstance(value, str):
         return ""
-    close = difflib.get_close_matches(value, [str(a) for a in allowed], n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = difflib.get_close_matches(value, [str(a) for a in allowed], n=n)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 
 class UnknownName(KeyError, ValueError):
