@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs")
-PROGRAMS = ("snakemake", "fedrepro", "bash scripts/", "scripts/", "python ", "dvc ", "generate-slurm-partition-config",
+PROGRAMS = ("snakemake ", "fedrepro ", "bash scripts/", "scripts/", "python ", "dvc ", "generate-slurm-partition-config",
             "FEDREPRO_", "PYTHONPATH=", "mv ", ". .venv", "pip ", ".venv/bin/python")
 SHELL_BLOCKS = ("bash", "sh", "shell", "console")
 
@@ -111,7 +111,8 @@ GPU = "needs a GPU"
 INTERNET = "downloads from the model hubs (no internet here)"
 SLURM_ROOT = "starts a one-node SLURM as root (installs Debian packages): tests/test_slurm.py runs it"
 
-PAPER_TARGETS = "a table or figure of a paper, on a cluster: its DAG is planned with -n"
+PLUGIN = ("needs the example plug-in installed: tests/test_plugin_example.py installs it (pip install -e) into a "
+          "throw-away environment and runs its shapes data, the extended grid and one of its tables there")
 
 HOW: dict[str, How] = {
     # ---- README: two commands
@@ -264,6 +265,14 @@ HOW: dict[str, How] = {
     "fedrepro prepare": Skip("names the command the `prepare` rule runs (the pipeline tests run the rule)"),
     "fedrepro download <dataset> --reverify": Instead("fedrepro download demo_bt --reverify", "a concrete dataset",
                                                       setup=("fedrepro download demo_bt",)),
+    # ---- plug-ins (issue 33)
+    "pip install -e examples/fedrepro-fedavgm": Skip(PLUGIN),
+    "python -m fedrepro_fedavgm.shapes resources/shapes": Skip(PLUGIN),
+    "snakemake --cores 2 all --configfile config/demo.yaml examples/fedrepro-fedavgm/fedavgm.yaml": Skip(PLUGIN),
+    "fedrepro validate --configfile config/demo.yaml examples/fedrepro-fedavgm/fedavgm.yaml": Skip(PLUGIN),
+    "snakemake --cores 2 results/extensions/fedavgm/tables/clean/fediic/table1.md --configfile config/demo.yaml "
+    "examples/fedrepro-fedavgm/fedavgm.yaml": Skip(PLUGIN),
+    "pip uninstall <it>": Skip("uninstalls a plug-in you installed"),
     # ---- numbers in the docs
     "python benchmarks/demo_numbers.py": Help("python benchmarks/demo_numbers.py", "needs a demo run's results; "
                                               "tests/test_doc_numbers.py renders its block and checks it against them"),
