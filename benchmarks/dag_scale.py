@@ -5,6 +5,9 @@
     python benchmarks/dag_scale.py --papers facmic fediic --seeds 3
     python benchmarks/dag_scale.py --synthetic 2000   # plus a synthetic grid of ~2000 runs (scaling)
 
+It writes its table, dated, into docs/cluster-and-cache.md ("Scale", between the ``scale`` markers;
+``--no-markdown`` leaves the docs alone); tests/test_doc_numbers.py checks its run counts against the plan.
+
 For the chosen papers it prints, per paper and for all of them together:
 - runs (train jobs) and all jobs of ``snakemake -n all``;
 - SLURM jobs with and without grouping: every job that is not a local rule is one sbatch call
@@ -165,6 +168,17 @@ def measure(label: str, configfile: Path, cwd: Path, env: dict, grouping: dict, 
             "grouped_detail": grouped["submitted"], "dag_s": wall, "dag_cpu_s": cpu}
 
 
+def markdown_table(rows: list[dict], seeds: int) -> str:
+    lines = [f"| grid ({seeds} seeds) | runs | jobs | SLURM jobs, no grouping | SLURM jobs, grouped | `snakemake -n all` wall / CPU |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        bold = "**" if r["label"] == "all papers" else ""
+        dag = "" if math.isnan(r["dag_s"]) else f"{bold}{r['dag_s']:.1f} s / {r['dag_cpu_s']:.1f} s{bold}"
+        cells = [f"{bold}{r[k]:,}{bold}" for k in ("runs", "jobs", "slurm_flat", "slurm_grouped")]
+        lines.append(f"| {bold}{r['label']}{bold} | " + " | ".join(cells) + f" | {dag} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--_count":
         spec = json.loads(sys.argv[2])
@@ -175,6 +189,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--synthetic", type=int, default=0, metavar="RUNS", help="also time a synthetic grid of ~RUNS runs")
     parser.add_argument("--repeat", type=int, default=3, help="dry runs to time per grid (median)")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "docs/cluster-and-cache.md")
+    parser.add_argument("--no-markdown", action="store_true")
     args = parser.parse_args()
     load = os.getloadavg()[0]
 
@@ -205,6 +221,15 @@ def main() -> None:
         if r["dry_run_jobs"] and r["dry_run_jobs"] != r["jobs"]:
             print(f"note: {r['label']}: snakemake -n planned {r['dry_run_jobs']} jobs, the DAG has {r['jobs']}")
     print("grouped SLURM jobs of the last grid by kind:", json.dumps(rows[-1]["grouped_detail"], sort_keys=True))
+    if not args.no_markdown:
+        from docblock import replace_block
+
+        header = (f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPUs (load average {load:.1f} at the start; wall "
+                  f"time grows with the machine's load, CPU time does not), every paper of config/papers, seeds "
+                  f"0-{args.seeds - 1}, group-components {grouping}: `python benchmarks/dag_scale.py"
+                  + (f" --synthetic {args.synthetic}" if args.synthetic else "") + "`.")
+        replace_block(args.markdown, "scale", f"{header}\n\n{markdown_table(rows, args.seeds)}")
+        print(f"written to {args.markdown}")
 
 
 if __name__ == "__main__":

@@ -20,27 +20,34 @@ Defaults finish in well under two minutes on two CPU cores (tiny random-init CLI
     python benchmarks/facmic_cache.py --dataset bt --encoder ViT-B-16 --pretrained openai --rounds 100 \\
         --local-steps 199 --device cuda
 
-With a real dataset, run `fedrepro download <ds>` and `fedrepro prepare <ds> --out resources/manifests/<ds>.csv`
-first (or let Snakemake do it); offline demo datasets are materialised into a scratch folder as needed.
+Both runs are the pipeline's own jobs (`fedrepro prepare`, `split`, `features`, `image-cache` and the `train`
+job) in a scratch folder, on a paper file that trains FACMIC as config/papers/facmic.yaml does: its defaults,
+params and optimizer, with this encoder, dataset and budget. A real dataset is read from resources/raw (download
+it first: `fedrepro download <dataset>`); offline demo datasets are materialised in the scratch folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="demo_domains", help="a registered dataset (default: demo_domains)")
-    p.add_argument("--manifest", help="manifest CSV (default: resources/manifests/<dataset>.csv if it exists)")
-    p.add_argument("--raw-dir", default="resources/raw")
-    p.add_argument("--limit", type=int, default=0, help="use only the N images drawn at random from the manifest (0 = all)")
+    p.add_argument("--raw-dir", default=None, help="where its raw files are (default: resources/raw of the repository "
+                                                   "for real datasets, a scratch folder for offline demo data)")
     p.add_argument("--encoder", default="fedrepro-tiny-clip", help="open_clip model name")
     p.add_argument("--pretrained", default="none", help="open_clip pretrained tag or checkpoint path")
     p.add_argument("--preprocess", default="clip", choices=["clip", "resize_imagenet"])
@@ -55,114 +62,103 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def prepare(args, workdir: Path):
-    """-> (manifest DataFrame, raw root, class names, split)."""
-    from fedrepro.data.download import download_dataset
-    from fedrepro.data.manifest import read_manifest
-    from fedrepro.data.partition import make_split
-    from fedrepro.data.prepare import prepare_dataset
-    from fedrepro.registry import dataset
-
-    spec = dataset(args.dataset)
-    manifest_path = Path(args.manifest or f"resources/manifests/{args.dataset}.csv")
-    raw = Path(args.raw_dir)
-    if manifest_path.exists():
-        manifest = read_manifest(manifest_path)
-    else:
-        if not spec.materialise:
-            raise SystemExit(f"{manifest_path} not found: run `fedrepro download {args.dataset}` and "
-                             f"`fedrepro prepare {args.dataset} --out {manifest_path}` first")
-        raw = workdir / "raw"
-        download_dataset(spec, raw)
-        manifest = prepare_dataset(spec, raw)
-    if args.limit:
-        manifest = manifest.sample(n=min(args.limit, len(manifest)), random_state=0).sort_index().reset_index(drop=True)
-    has_test = (manifest["split"] == "test").any()
-    split = make_split(manifest, {"kind": "iid", "clients": args.clients, "ratios": {"train": 0.8, "val": 0.1, "test": 0.1},
-                                  "global_test": "official" if has_test else {"fraction": 0.2},
-                                  "reference_fraction": 0.5}, seed=0)
-    return manifest, raw, list(spec.classes), split
-
-
-def run_config(args, family: str, encoder: dict) -> dict:
-    from fedrepro.config import catalog, validate
-
-    cat = catalog(Path(__file__).resolve().parents[1])
+def benchmark_paper(args) -> dict:
+    """A paper file with FACMIC exactly as config/papers/facmic.yaml trains it (its defaults, params, optimizer),
+    on ``--dataset`` with this encoder and budget, twice: on cached features (``clip_fam``) and with the encoder on
+    every batch (``clip_fam_images``, the authors' code's path)."""
+    facmic = yaml.safe_load((ROOT / "config/papers/facmic.yaml").read_text())
+    encoder = {"name": args.encoder, "pretrained": args.pretrained, "preprocess": args.preprocess,
+               "prompt": facmic["defaults"]["model"]["encoder"]["prompt"]}
     local = {"steps": args.local_steps, "drop_last": True} if args.local_steps else {"epochs": 1, "drop_last": True}
+    variant = facmic["methods"]["facmic"]
     return {
-        "paper": "benchmark", "setting": args.dataset, "method": f"facmic[{family}]", "seed": 0, "protocol": "clean",
-        "config_hash": f"benchmark-{family}",
-        "algorithm": {"name": "facmic", "params": validate({}, cat.method_schema("facmic"), "params")},
-        "impl": {"model": cat.implementation("model", family)},
-        "train": {"rounds": args.rounds, "batch_size": args.batch_size, "eval_batch_size": 256, "eval_every": args.eval_every,
-                  "local": local, "num_workers": 0, "aggregation": {"weights": "train_size"},
-                  "optimizer": {"name": "adam", "lr": 5e-5, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.02, "persist": True},
-                  "model": validate({"family": family, "encoder": dict(encoder)}, cat.model_schema(family), "model"),
-                  "selection": {"rule": "last", "metric": "acc", "k": 1}},
+        "paper": "benchmark", "title": "FACMIC: cached features vs the encoder on every batch",
+        "defaults": {**facmic["defaults"], "rounds": args.rounds, "batch_size": args.batch_size, "local": local,
+                     "eval_every": args.eval_every,
+                     "model": {"family": "clip_fam", "encoder": encoder},
+                     "selection": {"rule": "last", "metric": "acc"}},
+        "settings": {"bench": {"dataset": args.dataset, "split": {
+            "kind": "iid", "clients": args.clients, "ratios": {"train": 0.8, "val": 0.1, "test": 0.1},
+            "global_test": {"fraction": 0.2}, "reference_fraction": 0.5}}},
+        "methods": {"cached": {**variant, "method": "facmic", "label": "FACMIC (cached features)"},
+                    "uncached": {**variant, "method": "facmic", "label": "FACMIC (encoder on every batch)",
+                                 "train": {"model": {"family": "clip_fam_images", "encoder": encoder}}}},
+        "tables": {"times": {"title": "FACMIC both ways", "metric": "acc", "eval": "global",
+                             "rows": [{"method": "cached"}, {"method": "uncached"}],
+                             "columns": [{"label": args.dataset, "setting": "bench"}]}},
     }
 
 
-def train(run: dict, fed, checkpoint: Path) -> tuple[float, float]:
-    """-> (seconds for the rounds, last global accuracy)."""
-    from fedrepro.fl.comm import CommLedger
-    from fedrepro.fl.engine import run_rounds
-    from fedrepro.fl.method import MethodContext
-    from fedrepro.methods.facmic import FACMIC
+def rounds_seconds(out: Path) -> float:
+    """Training and evaluation time of the rounds, from the run's history (the job's start-up is not in it)."""
+    history = pd.read_csv(out / "history.csv")
+    return float(history["train_s"].sum() + history.get("eval_s", pd.Series(dtype=float)).fillna(0).sum())
 
-    device = torch.device(run.get("device", "cpu"))
-    log = logging.getLogger("benchmark")
-    method = FACMIC(MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log))
-    checkpoint.unlink(missing_ok=True)          # time every round: never resume an earlier benchmark
-    start = time.perf_counter()
-    result = run_rounds(method, fed, run, checkpoint, log)
-    elapsed = time.perf_counter() - start
-    return elapsed, float(result.history["global/acc"].dropna().iloc[-1])
+
+def last_accuracy(out: Path) -> float:
+    return float(pd.read_csv(out / "history.csv")["global/acc"].dropna().iloc[-1])
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from fedrepro.features import encode_dataset
-    from fedrepro.fl.federation import build_feature_federation, build_image_federation
-    from fedrepro.models.families import build_family
-    from fedrepro.seeding import configure_determinism, seed_global
+    from fedrepro import paths
+    from fedrepro.cli import main as fedrepro
+    from fedrepro.config import load_project
+    from fedrepro.registry import dataset
+    from fedrepro.train import train_run
 
-    configure_determinism(True)
-    # one-off imports (the first optimizer pulls in torch._dynamo, seconds on a CPU) must not count as training
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="facmic-cache-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    manifest, raw, classes, split = prepare(args, workdir)
-    encoder = {"name": args.encoder, "pretrained": args.pretrained, "preprocess": args.preprocess, "prompt": "a picture of a {}"}
-    device = torch.device(args.device)
-
-    # the uncached family loads (and caches) the frozen encoder first, so neither timing includes loading it
-    uncached_run = run_config(args, "clip_fam_images", encoder)
-    family = build_family(uncached_run["impl"]["model"], uncached_run["train"]["model"], classes, {}).to(device)
-
-    seed_global(0, "init")              # what `fedrepro features` does (random-init encoders match)
-    start = time.perf_counter()
-    cache = encode_dataset(manifest, raw, classes, encoder, device, progress=False)
-    extract_s = time.perf_counter() - start
-
-    cached_run = run_config(args, "clip_fam", encoder)
-    for run in (cached_run, uncached_run):
-        run["device"] = args.device
-    cached_s, cached_acc = train(cached_run, build_feature_federation(split, "clean", cache, classes), workdir / "cached.pt")
-    images = build_image_federation(split, "clean", manifest, raw, classes, family.train_transform(), family.eval_transform())
-    uncached_s, uncached_acc = train(uncached_run, images, workdir / "uncached.pt")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="facmic-cache-")).resolve()
+    (workdir / "papers").mkdir(parents=True, exist_ok=True)
+    (workdir / "papers/benchmark.yaml").write_text(yaml.safe_dump(benchmark_paper(args), sort_keys=False))
+    spec = dataset(args.dataset)
+    raw = args.raw_dir or (str(workdir / "raw") if spec.materialise else str(ROOT / "resources/raw"))
+    overrides = {"papers": ["benchmark"], "paper_dir": str(workdir / "papers"), "seeds": [0], "threads": args.threads,
+                 "data": {"raw_dir": raw}, "device": args.device, "results_dir": "results"}
+    project = load_project([ROOT / "config/config.yaml"], overrides, root=ROOT)
+    cached, uncached = (project.resolver.run_config(project.resolver.run_key("benchmark", "bench", m, 0))
+                        for m in ("cached", "uncached"))
+    split = project.plan.splits()[cached["split_id"]]
+    weights = workdir / paths.WEIGHTS_DIR          # pretrained weights: the repository's fetched copies
+    if (ROOT / paths.WEIGHTS_DIR).is_dir() and not weights.exists():
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        weights.symlink_to(ROOT / paths.WEIGHTS_DIR)
+    with contextlib.chdir(workdir):          # every job of the pipeline, in the scratch folder
+        run_paths = cached["paths"]
+        if not (Path(raw) / args.dataset / ".complete").exists():
+            fedrepro(["download", args.dataset, "--raw-dir", raw])
+        fedrepro(["prepare", args.dataset, "--raw-dir", raw, "--out", run_paths["manifest"]])
+        fedrepro(["split", "--dataset", args.dataset, "--manifest", run_paths["manifest"], "--spec",
+                  json.dumps(split["spec"]), "--seed", str(split["seed"]), "--out", run_paths["split"]])
+        for pixels in (uncached["paths"]["images"] or {}).values():    # decode once, as the image_cache rule does
+            if not Path(pixels).exists():
+                fedrepro(["image-cache", "--manifest", run_paths["manifest"], "--raw-dir", raw, "--spec",
+                          Path(pixels).name.removesuffix(".u8"), "--out", pixels])
+        start = time.perf_counter()
+        fedrepro(["features", "--dataset", args.dataset, "--manifest", run_paths["manifest"], "--raw-dir", raw,
+                  "--encoder", json.dumps(cached["features"]["encoder"]), "--device", args.device,
+                  "--out", run_paths["features"]])
+        extract_s = time.perf_counter() - start
+        outs = {}
+        for run in (cached, uncached):
+            key = project.resolver.run_key("benchmark", "bench", run["method"], 0)
+            train_run(run, paths.run_dir(key), paths.checkpoint_dir(key), logging.getLogger("benchmark"))
+            outs[run["method"]] = Path(paths.run_dir(key))
+        cached_s, uncached_s = rounds_seconds(outs["cached"]), rounds_seconds(outs["uncached"])
+        cached_acc, uncached_acc = last_accuracy(outs["cached"]), last_accuracy(outs["uncached"])
+        images = len(pd.read_csv(run_paths["manifest"]))
 
     total = extract_s + cached_s
     per_round = cached_s / args.rounds
     budget_rounds = 0.5 * extract_s / per_round if per_round > 0 else float("inf")
     report = {
-        "images": len(manifest), "rounds": args.rounds, "extract_s": extract_s, "cached_rounds_s": cached_s,
+        "images": images, "rounds": args.rounds, "extract_s": extract_s, "cached_rounds_s": cached_s,
         "cached_total_s": total, "uncached_s": uncached_s, "speedup": uncached_s / total,
         "cached_total_over_extract": total / extract_s, "rounds_within_1.5x": budget_rounds,
         "cached_acc": cached_acc, "uncached_acc": uncached_acc,
     }
-    print(f"FACMIC, {args.encoder} ({args.pretrained}), {args.dataset}: {len(manifest)} images, {args.clients} clients, "
+    print(f"FACMIC, {args.encoder} ({args.pretrained}), {args.dataset}: {images} images, {args.clients} clients, "
           f"{args.rounds} rounds, device {args.device}, torch threads {torch.get_num_threads()}")
     print(f"  one feature-extraction pass (every image once)   {extract_s:9.2f} s")
     print(f"  cached:   {args.rounds} rounds on cached features          {cached_s:9.2f} s   ({per_round:.3f} s/round)")

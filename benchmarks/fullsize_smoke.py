@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import re
 import sys
 import tempfile
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from docblock import replace_block  # noqa: E402
 
 import fullsize_support as F  # noqa: E402
 
@@ -50,15 +51,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def update_markdown(path: Path, depth: str, header: str, rows: list[dict]) -> None:
-    """Replace (or append) the block between the markers of this depth in ``path``."""
-    start, end = f"<!-- fullsize:{depth}:start -->", f"<!-- fullsize:{depth}:end -->"
-    block = f"{start}\n{header}\n\n{markdown_table(rows)}\n{end}"
-    text = path.read_text() if path.exists() else ""
-    if start in text and end in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.DOTALL)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
+    """Replace (or append) the block of this depth in ``path``."""
+    replace_block(path, f"fullsize:{depth}", f"{header}\n\n{markdown_table(rows)}")
 
 
 def main(argv: list[str] | None = None) -> int:

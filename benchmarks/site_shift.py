@@ -15,6 +15,7 @@ the site with the highest fine-tuned accuracy (config/evidence/fedadapterproto.y
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -95,4 +96,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,           # --help, no options
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

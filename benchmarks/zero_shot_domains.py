@@ -11,6 +11,7 @@ classes and the 5 classes of FAA-CLIP's demo twin.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -61,4 +62,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,           # --help, no options
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

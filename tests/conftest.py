@@ -15,6 +15,16 @@ os.chdir(ROOT)
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
+# tests that take minutes: `-m "not slow"` leaves all of them out, the full-size smoke test included (README)
+SLOW_MARKERS = ("slow", "fullsize", "fullsize_depth")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS[1:]) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

@@ -309,11 +309,11 @@ def test_estimate_without_a_table_gives_what_it_can():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("fediic", "isik", "moon"), "setting of fediic: 'isik' is not allowed (did you mean 'isic'?)"),
-    (("fediic", "isic", "mooon"), "method of fediic: 'mooon' is not allowed (did you mean 'moon'?)"),
-    (("fedic", "isic", "moon"), "paper: 'fedic' is not allowed (did you mean 'fediic'?)"),
-    (("results/tables/clean/facmic/table22.md",), "is not a target of this configuration; did you mean "
-                                                  "results/tables/clean/facmic/table2.md"),
+    (("fediic", "isik", "moon"), "unknown setting 'isik' in paper fediic (did you mean 'isic'?)"),
+    (("fediic", "isic", "mooon"), "unknown method 'mooon' in paper fediic (did you mean 'moon'?)"),
+    (("fedic", "isic", "moon"), "unknown paper 'fedic' in this configuration (did you mean 'fediic'?)"),
+    (("results/tables/clean/facmic/table22.md",), "is not a target of this configuration (did you mean "
+                                                  "'results/tables/clean/facmic/table2.md'"),
 ])
 def test_a_bad_estimate_gets_one_line_with_a_suggestion(args, message):
     proc = fedrepro("estimate", *args)

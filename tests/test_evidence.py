@@ -99,3 +99,36 @@ def test_the_page_draws_every_paper_and_the_check_names_failing_runs(project, tm
     assert "1 run(s) below the learning bar" in str(refused.value) and "fedproto" in str(refused.value)
     fill(project)
     cli.main(["evidence", "--config-json", json.dumps(project.config), "--check"])     # all clear: no exit
+
+
+def test_the_curves_say_what_they_show(project, monkeypatch):
+    """Issue 34: one legend entry per method, named so that a reader cannot take the paper's "Ours" for this
+    pipeline's numbers; whole-number round ticks; a method evaluated at only some rounds says so in the legend
+    (FedAdapterProto's clients here: rounds 1 and 3); the bar is named."""
+    fill(project)
+    drawn = {}
+    monkeypatch.setattr(evidence, "save_figure", lambda fig, out: drawn.setdefault("fig", fig))
+    evidence.draw_paper(project, "fedadapterproto", evidence.score_runs(project), Path("unused.png"))
+    axes = [ax for ax in drawn["fig"].axes if ax.get_legend() is not None]
+    assert axes
+    for ax in axes:
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert len(labels) == len(set(labels)), labels
+        assert "learning bar" in labels
+        assert all(float(tick).is_integer() for tick in ax.get_xticks())
+    labels = [t.get_text() for ax in axes for t in ax.get_legend().get_texts()]
+    assert "Ours (fedadapterproto) (evaluated every 2 rounds)" in labels
+    page = evidence.markdown(evidence.summary_table(evidence.score_runs(project)), project)
+    assert "| measured |" in page and "| ours |" not in page and "| Ours (fedadapterproto) |" in page
+
+
+def test_labels_that_would_be_misread_carry_the_variant_key(root):
+    from fedrepro.report.item import method_labels
+
+    project = load_project([root / "config/config.yaml"], {"papers": ["faa_clip", "fedadapterproto"]}, root=root)
+    labels = method_labels(project, "faa_clip", ["fedclip", "fedclip_images", "faa_clip", "fedavg"])
+    assert labels["fedclip"] == "FedCLIP (fedclip)" and labels["fedclip_images"] == "FedCLIP (fedclip_images)"
+    assert labels["fedavg"] == project.papers["faa_clip"]["methods"]["fedavg"]["label"]       # unique: as the paper file
+    assert method_labels(project, "fedadapterproto", ["fedadapterproto"]) == {"fedadapterproto": "Ours (fedadapterproto)"}
+    assert evidence.evaluated_at([1, 2, 3]) == "" and evidence.evaluated_at([3]) == " (evaluated at round 3 only)"
+    assert evidence.evaluated_at([4, 8]) == " (evaluated every 4 rounds)"

@@ -78,19 +78,29 @@ def test_nothing_left_to_do_and_one_table_rebuilds_alone(pipeline):
     assert "rule train:" not in log  # rebuilding a table runs no training
 
 
-def test_the_snakemake_report_has_a_scorecards_section(pipeline):
-    """`snakemake --report`: the scorecards are a category of their own, each page with its figure inside."""
+def test_the_report_is_one_page_of_what_is_built(pipeline):
+    """`snakemake --cores 1 report` (README): one self-contained page that opens on the paper (what ran, the scorecard
+    summary), then its tables rendered and its figures embedded, the rule graph last; Snakemake's own report of the
+    `report` target carries that page."""
     work, env, _ = pipeline
-    result = snakemake(work, "--report", "results/report.html", env=env)
+    result = snakemake(work, "report", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = (work / "results/report.html").read_text()
-    categories = json.loads(re.search(r"var categories = (\{.*?\});\s*</script>", report, re.S).group(1))
-    assert set(categories["Scorecards"]["Other"]) == {"results/scorecards/foundation.html", "results/scorecards/all.html"}
+    page = (work / "results/report.html").read_text()
+    order = [page.index(h) for h in ("<h3>What ran</h3>", "<h3>Did the published numbers reproduce?</h3>",
+                                     "<h3>Tables</h3>", "<h3>Figures</h3>", "alt='rule graph'")]
+    assert order == sorted(order), order
+    assert "<b>accuracy.</b>" in page and "<td>FedCLIP</td>" in page and "Not built yet" not in page
+    assert "foundation (clean): " in page and "published numbers" in page
+    assert page.count("src='data:image/png;base64,") >= 3            # two figures and the rule graph
+    rerun = snakemake(work, "-n", "report", env=env)
+    assert "Nothing to be done" in rerun.stdout + rerun.stderr
+    result = snakemake(work, "--report", "results/snakemake-report.html", "report", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (work / "results/snakemake-report.html").read_text()
     results = json.loads(re.search(r"var results = (\{.*?\});\s*</script>", report, re.S).group(1))
-    page = results["results/scorecards/foundation.html"]
-    assert "Reproduction scorecard of" in page["caption"]
-    html = base64.b64decode(page["data_uri"].split("base64,", 1)[1]).decode()   # the page as the report embeds it
-    assert "<table id='scorecard'>" in html and "<img id='scorecard-figure' src='data:image/png;base64," in html
+    assert list(results) == ["results/report.html"]
+    html = base64.b64decode(results["results/report.html"]["data_uri"].split("base64,", 1)[1]).decode()
+    assert "<h3>What ran</h3>" in html
 
 
 def test_config_error_stops_before_any_job(tmp_path):

@@ -44,7 +44,9 @@ def test_scorecard_cells_summary_and_rendering(tmp_path):
     assert clean.loc[("FedAvg", "SC"), "delta"] == pytest.approx(-8.3)
     assert clean.loc[("FedAvg", "BT"), "ci_low"] == pytest.approx(66.0 - 2.48)
     line = scorecard.summary_line(card)
-    assert "facmic (clean): 1 of 3 cells within the 95% interval (1 below, 1 not run)" in line
+    assert ("facmic (clean): 1 of the 2 published numbers that could be judged reproduced (the published value lies "
+            "inside the 95% interval of the measured mean); the whole measured interval lies below the published value "
+            "for 1. Not judged: 1 not run here.") in line.splitlines()
     files = scorecard.ScorecardFiles.at(tmp_path / "out" / "facmic")
     scorecard.write(card, "FACMIC scorecard", files, ["FACMIC: Fashion-MNIST domains for BT."])
     page = files.html.read_text()
@@ -52,7 +54,9 @@ def test_scorecard_cells_summary_and_rendering(tmp_path):
     assert "Stand-in data and models" in page and "Fashion-MNIST domains for BT." in page
     assert files.png.stat().st_size > 5000
     assert pd.read_csv(files.csv)["verdict"].tolist() == card["verdict"].tolist()
-    assert "| table2 | clean | FedAvg | SC | 40.00 | [37.52, 42.48] | 3 | 48.30 | -8.30 | below |" in files.md.read_text()
+    markdown = files.md.read_text()
+    assert "| table2 | clean | FedAvg | SC | 40.00 | [37.52, 42.48] | 3 | 48.30 | -8.30 | below |" in markdown
+    assert "| measured (mean) |" in markdown and "ours" not in markdown.lower()    # FedAdapterProto's method is "Ours"
 
 
 @pytest.mark.slow
@@ -103,5 +107,21 @@ def test_scorecard_page_of_real_tables_renders_in_a_browser(tiny_inputs, monkeyp
     assert figure and figure[0]["ok"] and figure[0]["width"] > 300, state["images"]
     assert all(i["ok"] for i in state["images"]), state["images"]
     assert {"id": "scorecard", "rows": 1} in state["tables"]
-    assert "of 1 cells within the 95% interval" in state["text"] and "derived by fedrepro: a value" in state["text"]
+    assert "of the 1 published numbers that could be judged" in state["text"]
+    assert "derived by fedrepro: a value" in state["text"]
     assert (ARTEFACTS / "scorecard.png").stat().st_size > 10_000
+
+
+def test_the_summary_reads_right_without_the_docs():
+    """Issue 34: "0 of 19 cells within the 95% interval (11 below, 8 no interval); 11 judged" made a reader count;
+    the summary says in words what was judged, which way the rest fell and why some could not be judged."""
+    card = pd.DataFrame({"paper": "facmic", "protocol": "clean", "verdict": ["below"] * 11 + ["no interval"] * 8})
+    assert scorecard.summary_line(card, "FACMIC") == (
+        "FACMIC (clean): 0 of the 11 published numbers that could be judged reproduced (the published value lies "
+        "inside the 95% interval of the measured mean); the whole measured interval lies below the published value "
+        "for 11. Not judged: 8 ran with one seed only, so there is no interval to judge by.")
+    mixed = pd.DataFrame({"paper": "x", "protocol": "paper", "verdict": ["reproduced", "below", "above", "above"]})
+    assert scorecard.summary_line(mixed).endswith("lies below the published value for 1 and above it for 2.")
+    single = pd.DataFrame({"paper": "x", "protocol": "clean", "verdict": ["no interval"] * 3})
+    assert scorecard.summary_line(single) == ("x (clean): none of the 3 published numbers could be judged. 3 ran with one "
+                                              "seed only, so there is no interval to judge by.")

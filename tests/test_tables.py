@@ -146,7 +146,7 @@ def test_rendered_tables_show_delta_and_published_values_where_ours_are_missing(
     assert "-- (45.61)" in tex
     # FedCLIP B: 55, 56 against nothing published: no parentheses, no Δ
     assert "| 55.50 ± 0.71 |" in md
-    assert "Δ = ours − published." in result.caption
+    assert "Δ = measured − published." in result.caption
     cell = result.summary.set_index(["row", "column"]).loc[("FedAvg", "B")]
     assert cell["n"] == 0 and cell["published"] == 45.61
 

@@ -20,7 +20,7 @@ def cmd_download(args) -> None:
     from .data import download
     from .registry import dataset
 
-    spec = dataset(args.dataset)
+    spec = dataset(args.dataset)          # an unknown name: one line with the closest known one
     if args.check:  # report on the placed tree, change nothing
         complete, lines = download.check_dataset(spec, Path(args.raw_dir))
         print("\n".join(f"{spec.name}: {line}" for line in lines))
@@ -168,6 +168,8 @@ def cmd_scorecard(args) -> None:
     from .report.item import stand_in
 
     project = _project(args)
+    if args.paper != "all":
+        project.resolver.check_names(args.paper)
     check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
     tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"),
@@ -200,6 +202,18 @@ def cmd_evidence(args) -> None:
     if args.check and len(failed):
         rows = failed[["paper", "protocol", "setting", "method", "seed", "value", "threshold"]].to_string(index=False)
         raise SystemExit(f"{len(failed)} run(s) below the learning bar and not exempt ({Path(out).parent / 'bar.csv'}):\n{rows}")
+
+
+def cmd_report(args) -> None:
+    from . import paths
+    from .config import load_project
+    from .report import overview
+
+    project = _project(args) if args.config_json else load_project(args.configfiles or None)
+    rule_graph = None if args.no_rule_graph else overview.rule_graph_dot(project.configfiles)
+    out = args.out or paths.report()
+    overview.write(project, out, rule_graph)
+    logging.getLogger("fedrepro").info("report: %s", out)
 
 
 def cmd_embed(args) -> None:
@@ -245,7 +259,7 @@ def cmd_weights(args) -> None:
 
 def cmd_estimate(args) -> None:
     from . import cost, estimate
-    from .config import ConfigError, check_choice, load_project
+    from .config import ConfigError, load_project
     from .fl.memory import fmt, planned
     from .throughput import choose
 
@@ -257,16 +271,15 @@ def cmd_estimate(args) -> None:
         print("\n".join(estimate.summary(project, target, table, why, authors)))
         return
     if args.paper:
-        check_choice(args.paper, project.papers, "fedrepro estimate: paper")
+        project.resolver.check_names(args.paper)          # one line with the closest name, as everywhere
         if not (args.setting and args.method):
             raise ConfigError("fedrepro estimate <paper> <setting> <method>: give all three, a target file (e.g. "
                               "results/tables/clean/facmic/table2.md), or nothing for a line per run of the grid")
-        check_choice(args.setting, project.papers[args.paper]["settings"], f"fedrepro estimate: setting of {args.paper}")
-        check_choice(args.method, project.papers[args.paper]["methods"], f"fedrepro estimate: method of {args.paper}")
         key = project.resolver.run_key(args.paper, args.setting, args.method, args.seed if args.seed is not None else project.seeds[0],
                               args.protocol)
         if key not in set(project.plan.runs()):
-            raise ConfigError(f"no run {key.path} in the configuration (fedrepro validate lists the grid)")
+            raise ConfigError(f"no run {key.path} in the configuration: no table or figure uses {args.method} on "
+                              f"{args.setting} (`fedrepro estimate` without arguments lists every run)")
         est = planned(project, key, args.workers, args.device)
         print("\n".join(est.lines()))
         print(f"request: mem_mb={est.host_mb()}" + (f" gpu_mem_mb={est.gpu_mb()}" if est.gpu else ""))
@@ -362,6 +375,12 @@ def main(argv: list[str] | None = None) -> None:
         code = run_via_server(argv)
         if code is not None:
             raise SystemExit(code)
+    args = build_parser().parse_args(argv)
+    run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its options (the commands the docs and messages name are checked against it)."""
     parser = argparse.ArgumentParser(prog="fedrepro", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--log", metavar="FILE", help="append this process's stderr to the job log FILE, which keeps "
@@ -448,6 +467,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="exit 1 if a run that is not exempt is below the bar")
     p.set_defaults(fn=cmd_evidence)
 
+    p = sub.add_parser("report", help="one self-contained page of what is built: per paper what ran, whether the "
+                                      "published numbers reproduced, the tables and figures (<results_dir>/report.html)")
+    _add_config_json(p, required=False)
+    p.add_argument("--out", help="default: <results_dir>/report.html of the configuration")
+    p.add_argument("--no-rule-graph", action="store_true", help="leave out the rule graph (it asks Snakemake for it)")
+    p.set_defaults(fn=cmd_report)
+
     p = sub.add_parser("embed", help="extract what a figure needs from a trained model (features, prototype patches)")
     p.add_argument("--job", required=True, help="resolved embed job as JSON")
     p.add_argument("--out", required=True)
@@ -486,8 +512,10 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("validate", help="validate the configuration and count what it would build")
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
     p.set_defaults(fn=cmd_validate)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def run(args) -> None:
     if args.log:
         attach_log(args.log)
         attempt_header(args.command)
@@ -511,14 +539,14 @@ def main(argv: list[str] | None = None) -> None:
     from .fl.memory import InsufficientMemory
     from .io import BrokenFile, DiskFull, StaleInput
     from .models.weights import WeightsError
-    from .registry import PluginError
+    from .registry import PluginError, UnknownName
     from .throughput import ThroughputError
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
             WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput, ThroughputError,
-            PluginError) as error:
+            PluginError, UnknownName) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

@@ -39,7 +39,7 @@ def _checkpoint(job: dict) -> dict:
     path = Path(job["checkpoint"])
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: the figure {job['figure']['name']} needs the trained model "
-                                f"(snakemake {path}, or scripts/dvc-results.py pull --stages checkpoints)")
+                                f"(snakemake --cores all {path}, or scripts/dvc-results.py pull --stages checkpoints)")
     return torch.load(path, map_location="cpu", weights_only=False)["model"]
 
 

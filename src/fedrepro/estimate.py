@@ -11,13 +11,12 @@ Every figure printed says where it comes from: *measured* (a throughput table, :
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cost, paths
-from .config import ConfigError
+from .config import ConfigError, did_you_mean
 from .throughput import Table
 
 
@@ -99,9 +98,7 @@ def resolve(project, target: str) -> Target:
     found = candidates(project)
     if name in found:
         return found[name](path=name)
-    close = difflib.get_close_matches(name, list(found), n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise ConfigError(f"{target} is not a target of this configuration{hint} (targets: "
+    raise ConfigError(f"{target} is not a target of this configuration{did_you_mean(name, found, n=3)} (targets: "
                       f"{paths.table('<protocol>', '<paper>', '<table>')}, "
                       f"{paths.figure('<protocol>', '<paper>', '<figure>')}, {paths.scorecard('<paper>')}, a run's "
                       f"files, or all; fedrepro validate counts them)")

@@ -26,6 +26,7 @@ live side by side and never overwrite each other.
     results/figures/<protocol>/<paper>/<figure>.{png,pdf}
     results/scorecards/<paper>.{md,html,csv,png}          (and all.* across papers)
     results/extensions/<name>/{tables,scorecards,evidence}/...   an extension's reports (same runs; docs/plugins.md)
+    results/report.html                                   the report: what is built, per paper
     logs/<rule>/<job>.log                                 a job's log: every attempt (+ .<job>.log.attempts)
 """
 
@@ -238,6 +239,12 @@ def scorecard(paper: str, suffix: str = ".html") -> str:
 def evidence(name: str = "index.html") -> str:
     """The learning-bar evidence page and its files (<results>/evidence/)."""
     return f"{report_dir()}/evidence/{name}"
+
+
+def report() -> str:
+    """The report: one self-contained page of everything the configuration has built (fedrepro.report.overview), beside
+    the tables and scorecards it shows (an extension's in its own folder)."""
+    return f"{report_dir()}/report.html"
 
 
 def log(kind: str, name: str) -> str:

@@ -60,6 +60,35 @@ class PluginError(ValueError):
     the name and what has it."""
 
 
+def did_you_mean(value: Any, allowed, n: int = 1) -> str:
+    """`` (did you mean 'x'?)`` for the allowed name closest to ``value`` (up to ``n`` of them), or ``""``: the one
+    suggestion every message about an unknown name gives (configuration keys and values, registries, command-line
+    names and targets)."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [str(a) for a in allowed], n=n)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+class UnknownName(KeyError, ValueError):
+    """A name that is not among those allowed (a dataset, method, paper, setting, table, ...): one line that
+    says so, suggests the closest and lists the rest. A KeyError (a failed lookup) and a ValueError (a bad
+    value given by the user), so callers that expect either still catch it."""
+
+    def __str__(self) -> str:          # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def check_name(kind: str, name: Any, known, where: str = "", hint: str = "") -> None:
+    """Raise :class:`UnknownName` unless ``name`` is one of ``known``, e.g. "unknown dataset 'isic2018' (did
+    you mean 'isic2019'?); known: [...]". ``where`` says whose names ``known`` are ("in paper facmic"), ``hint``
+    what else to check (after the list)."""
+    if name not in known:
+        scope = f" {where}" if where else ""
+        raise UnknownName(f"unknown {kind} {name!r}{scope}{did_you_mean(name, known)}; known: {sorted(map(str, known))}"
+                          + (f" {hint}" if hint else ""))
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
@@ -161,14 +190,10 @@ class Registry:
 
     def get(self, name: str) -> Entry:
         self._load()
-        try:
-            return self._entries[name]
-        except KeyError:
-            close = difflib.get_close_matches(str(name), list(self._entries), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known: {sorted(self._entries)} (a plug-in's is known "
-                           f"once its package is installed (entry point group {ENTRY_POINT_GROUP}) or its module is "
-                           f"named in `plugins:`; docs/plugins.md)") from None
+        check_name(self.kind, name, self._entries,
+                   hint=f"(a plug-in's is known once its package is installed (entry point group {ENTRY_POINT_GROUP}) "
+                        f"or its module is named in `plugins:`; docs/plugins.md)")
+        return self._entries[name]
 
     def __contains__(self, name: str) -> bool:
         self._load()

@@ -417,6 +417,18 @@ def evidence_definition(wildcards) -> str:
     return definition_hash(evidence_definition(PROJECT))
 
 
+def report_definition(wildcards) -> str:
+    from fedrepro.report.definitions import definition_hash, report_definition
+
+    return definition_hash(report_definition(PROJECT))
+
+
+def report_inputs(wildcards) -> list[str]:
+    from fedrepro.report.overview import report_inputs
+
+    return report_inputs(PROJECT)
+
+
 def scorecard_inputs(wildcards) -> list[str]:
     from fedrepro.report import consistency
 

@@ -1,5 +1,6 @@
 # Tables, figures and scorecards: they read only small per-run files (and what the embed rule
 # extracted from trained models), each declared by its kind, so they rebuild from `dvc pull`ed files.
+# The report (`snakemake --cores 1 report`) is one page of whatever of them exists.
 
 
 localrules:
@@ -7,6 +8,7 @@ localrules:
     figure,
     scorecard,
     evidence,
+    report,
 
 
 rule embed:
@@ -35,9 +37,7 @@ rule table:
         table_inputs,
     output:
         md=paths.table("{protocol}", "{paper}", "{table}", ".md"),
-        csv=report(paths.table("{protocol}", "{paper}", "{table}", ".csv"), category="Tables",
-                   subcategory="{paper} ({protocol})", caption="../report/table.rst",
-                   labels={"paper": "{paper}", "protocol": "{protocol}", "table": "{table}"}),
+        csv=paths.table("{protocol}", "{paper}", "{table}", ".csv"),
         tex=paths.table("{protocol}", "{paper}", "{table}", ".tex"),
         seeds=paths.table("{protocol}", "{paper}", "{table}", ".seeds.csv"),
     params:
@@ -57,9 +57,7 @@ rule figure:
     input:
         figure_inputs,
     output:
-        png=report(paths.figure("{protocol}", "{paper}", "{figure}"), category="Figures",
-                   subcategory="{paper} ({protocol})", caption="../report/figure.rst",
-                   labels={"paper": "{paper}", "protocol": "{protocol}", "figure": "{figure}"}),
+        png=paths.figure("{protocol}", "{paper}", "{figure}"),
         pdf=paths.figure("{protocol}", "{paper}", "{figure}", ".pdf"),
     params:
         definition=figure_definition,
@@ -80,8 +78,7 @@ rule scorecard:
     input:
         scorecard_inputs,
     output:
-        html=report(paths.scorecard("{paper}"), category="Scorecards", caption="../report/scorecard.rst",
-                    labels={"paper": "{paper}"}),
+        html=paths.scorecard("{paper}"),
         md=paths.scorecard("{paper}", ".md"),
         csv=paths.scorecard("{paper}", ".csv"),
         png=paths.scorecard("{paper}", ".png"),
@@ -105,7 +102,7 @@ rule evidence:
     input:
         evidence_inputs,
     output:
-        html=report(paths.evidence(), category="Evidence", caption="../report/evidence.rst"),
+        html=paths.evidence(),
         md=paths.evidence("index.md"),
         csv=paths.evidence("bar.csv"),
     params:
@@ -118,3 +115,25 @@ rule evidence:
         ENV
     shell:
         "fedrepro --log {log} evidence --config-json {params.config:q} --configfiles {params.configfiles} --out {output.html}"
+
+
+rule report:
+    """One self-contained page of what this configuration has built (one table's worth or the whole grid): per
+    paper what ran, whether the published numbers reproduced, whether every method learned, the tables and the
+    figures; the rule graph last. Its inputs are the planned tables, figures, scorecards and run records that
+    exist now, so Snakemake brings those up to date first and builds nothing that is not there. Not part of
+    `all`: run it after (`snakemake --cores 1 report`)."""
+    input:
+        report_inputs,
+    output:
+        html=report(paths.report(), category="Report", caption="../report/report.rst"),
+    params:
+        definition=report_definition,
+        config=configuration,
+        configfiles=configfiles,
+    log:
+        paths.log("report", "report"),
+    conda:
+        ENV
+    shell:
+        "fedrepro --log {log} report --config-json {params.config:q} --configfiles {params.configfiles} --out {output.html}"

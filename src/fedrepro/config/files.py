@@ -4,12 +4,13 @@ says a config may name (method params, model families). Pure functions; nothing 
 from __future__ import annotations
 
 import copy
-import difflib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ..registry import did_you_mean
 
 SCHEMA_DIR = Path("workflow/schemas")
 
@@ -138,13 +139,6 @@ def closest_alternative(errors):
     closest = min(branches.values(), key=lambda errs: (any(map(misfit, errs)), len(errs)))
     deepest = max(len(e.relative_path) for e in closest)
     return best_match([e for e in closest if len(e.relative_path) == deepest])
-
-
-def did_you_mean(value: Any, allowed) -> str:
-    if not isinstance(value, str):
-        return ""
-    close = difflib.get_close_matches(value, [str(a) for a in allowed], n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_choice(value: str, allowed, where: str) -> None:

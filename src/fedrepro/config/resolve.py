@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from .. import paths
 from ..io import hash_obj
 from ..paths import RunKey
+from ..registry import check_name
 from .files import ConfigError, check_choice, deep_merge, input_kind, load_schema, model_schema, validate
 
 if TYPE_CHECKING:
@@ -44,9 +45,22 @@ class Resolver:
     def protocols(self) -> list[str]:
         return self.loaded.protocols
 
+    def check_names(self, paper: str, *, setting: str | None = None, method: str | None = None,
+                    table: str | None = None, figure: str | None = None) -> None:
+        """A paper and its setting, method variant, table or figure as a user names them (a command line, a
+        Snakemake target): :class:`~fedrepro.registry.UnknownName` with the closest name for one that is not in
+        this configuration."""
+        check_name("paper", paper, self.papers, "in this configuration")
+        spec = self.papers[paper]
+        for kind, name, known in (("setting", setting, spec["settings"]), ("method", method, spec["methods"]),
+                                  ("table", table, spec.get("tables") or {}), ("figure", figure, spec.get("figures") or {})):
+            if name is not None:
+                check_name(kind, name, known, f"in paper {paper}")
+
     def run_key(self, paper: str, setting: str, method: str, seed: int, protocol: str | None = None) -> RunKey:
         """The run of (paper, setting, method, seed) under ``protocol`` (default: the first configured),
         or under the protocol its setting pins."""
+        self.check_names(paper, setting=setting, method=method)
         return RunKey(paper, self.protocol(paper, setting, protocol or self.protocols[0]), setting, method, seed)
 
     def protocol(self, paper: str, setting: str, protocol: str) -> str:

@@ -96,7 +96,7 @@ class ImageCache:
         for path in (self.pixels_path, self.index_path):
             if not path.exists():
                 raise FileNotFoundError(f"image cache {path} not found: build it with "
-                                        f"`snakemake {self.pixels_path}` (or `fedrepro image-cache`)")
+                                        f"`snakemake --cores all {self.pixels_path}` (or `fedrepro image-cache`)")
         rebuild = f"snakemake --cores all {self.pixels_path}"
         try:
             with np.load(self.index_path) as index:
@@ -114,7 +114,7 @@ class ImageCache:
         if manifest_sha256 is not None and self.meta["manifest_sha256"] != manifest_sha256:
             raise StaleImageCache(f"{self.pixels_path} was built from another version of the manifest "
                                   f"(SHA-256 {self.meta['manifest_sha256'][:12]}…, the manifest now "
-                                  f"{manifest_sha256[:12]}…); rebuild it (snakemake {self.pixels_path})")
+                                  f"{manifest_sha256[:12]}…); rebuild it (snakemake --cores all --force {self.pixels_path})")
         if spec is not None and not self.spec.covers(spec):
             raise StaleImageCache(f"{self.pixels_path} holds images decoded as {self.spec.key}, but this "
                                   f"pipeline needs {spec.key}; build that cache instead")

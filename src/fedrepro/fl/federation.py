@@ -126,7 +126,7 @@ def check_disjoint(split: Split, protocol: str, allow_test: bool = False, where:
             f"global test, reference and external sets must be disjoint unless the split declares the overlap "
             f"(declared_overlaps: {sorted(sorted(p) for p in allowed) or 'none'}). Nothing was trained. A split file "
             f"written by an older version lacks the declarations of splitters that overlap on purpose: rebuild it "
-            f"(snakemake --forcerun {where} ...).")
+            f"(snakemake --cores all --force {where}).")
 
 
 def build_feature_federation(split: Split, protocol: str, cache: dict, class_names: list[str],

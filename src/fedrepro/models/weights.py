@@ -107,11 +107,10 @@ class WeightSpec:
         if len(parts) < 2:
             raise ValueError(f"{weights_id!r} is not a weights id (<kind>--<name>[--<variant>], e.g. "
                              f"open_clip--ViT-B-16--openai, timm--efficientnet_b0, hf--bert-base-cased--model)")
-        from ..registry import WEIGHT_SOURCES
+        from ..registry import WEIGHT_SOURCES, check_name
 
         kind = parts[0]
-        if kind not in WEIGHT_SOURCES:
-            raise ValueError(f"{weights_id!r}: unknown weights kind {kind!r}; known: {WEIGHT_SOURCES.names()}")
+        check_name("weights kind", kind, WEIGHT_SOURCES.names(), f"(of the id {weights_id!r})")
         source = weight_source(kind)
         name_parts = parts[1:-1] if source.has_variant else parts[1:]
         if not name_parts:

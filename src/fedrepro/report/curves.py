@@ -57,11 +57,12 @@ def curves(item: ReportItem, out_png: Path) -> None:
     ncols = min(len(panels), 4)
     nrows = int(np.ceil(len(panels) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3.2 * nrows), squeeze=False)
+    labels = item.method_labels(spec["methods"])
     for ax, (setting, metric, eval_key) in zip(axes.flat, panels):
         for method in spec["methods"]:
             table = seed_table(item, setting, method, f"{eval_key}/{metric}")
             if table is not None:
-                plot_mean_band(ax, table, item.method_label(method), scale=100)
+                plot_mean_band(ax, table, labels[method], scale=100)
         ax.set_title(f"{item.setting_label(setting)} — {eval_key}")
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -86,13 +87,14 @@ def alignment_curves(item: ReportItem, out_png: Path) -> None:
     evals = spec.get("evals") or ["client0", "client1", "clients_mean"]
     panels = [(s, e) for s in spec["settings"] for e in evals]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    labels = item.method_labels(spec["methods"])
     for ax, (setting, eval_key) in zip(axes.flat, panels):
         for method in spec["methods"]:
             rounds_per_turn = int(per_turn.get(method, 1))
             table = seed_table(item, setting, method, f"{eval_key}/{metric}",
                                per_run=lambda history, col: turn_series(history, col, rounds_per_turn))
             if table is not None:
-                plot_mean_band(ax, table, item.method_label(method), marker="o")
+                plot_mean_band(ax, table, labels[method], marker="o")
         ax.set_title(f"{item.setting_label(setting)} — {eval_key}", fontsize=9)
         ax.set_xlabel("communication turn")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

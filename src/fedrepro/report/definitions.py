@@ -2,7 +2,7 @@
 
 A table is made from its runs' files (the rule's inputs) and from its definition: its spec in the paper file, the
 labels of the methods and settings it names, the seeds, how error bars are printed, what stand-in data and models it has. The
-``table``, ``figure``, ``scorecard`` and ``evidence`` rules take the hash of exactly that definition as a param, so
+``table``, ``figure``, ``scorecard``, ``evidence`` and ``report`` rules take the hash of exactly that definition as a param, so
 editing a table's ``metric``, or renaming a method it shows, rebuilds that table (and what is made from it) and
 nothing else; adding a paper or changing a training setting leaves the tables of other papers alone.
 """
@@ -84,6 +84,22 @@ def evidence_definition(project: Project) -> dict:
         "papers": {p: {"title": entry["title"], "methods": method_entries(project, p, sorted(entry["methods"])),
                        "settings": setting_entries(project, p, sorted(entry["settings"]))}
                    for p, entry in sorted(runs.items())},
+    }
+
+
+def report_definition(project: Project) -> dict:
+    """The report: what is planned (it lists what is not built yet), the papers' titles and stand-ins, the labels of
+    the methods it names and the figures' specs (their captions)."""
+    from .overview import planned_outputs
+
+    return {
+        "planned": [o.path for o in planned_outputs(project)],
+        "runs": len(project.plan.runs()),
+        "seeds": project.seeds,
+        "papers": {p: {"title": spec.get("title"), "stand_in": stand_in(project, p), "figures": spec.get("figures", {}),
+                       "methods": method_entries(project, p, spec["methods"])}
+                   for p, spec in project.papers.items()},
+        "learning_bar": project.config.get("evidence"),
     }
 
 

@@ -19,7 +19,6 @@ method (mean and 95% t-interval over seeds), from the runs' ``history.csv``.
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 import re
@@ -32,6 +31,8 @@ from .. import paths
 from ..config import Project
 from ..io import atomic_path, read_json
 from ..paths import RunKey
+from .html import data_uri, page, pipe_table
+from .item import method_labels
 from .plotting import grid, pyplot, save_figure
 from .stats import t_quantile_975
 
@@ -92,6 +93,13 @@ def score_runs(project: Project) -> pd.DataFrame:
     return pd.DataFrame([score_run(project, key) for key in project.plan.runs()])
 
 
+def read_bar(path: str | Path) -> pd.DataFrame:
+    """bar.csv as :func:`write_page` wrote it (an empty ``exempt`` is no exemption, not NaN)."""
+    scores = pd.read_csv(path)
+    scores["exempt"] = scores["exempt"].astype(object).fillna("").astype(str)
+    return scores
+
+
 def failures(scores: pd.DataFrame) -> pd.DataFrame:
     """Runs below the bar that are not exempt."""
     return scores[~scores["passed"] & (scores["exempt"] == "")]
@@ -112,8 +120,11 @@ def curve_column(history: pd.DataFrame, task: str) -> pd.Series:
 def draw_paper(project: Project, paper: str, scores: pd.DataFrame, out_png: Path) -> None:
     """One panel per (protocol, setting): the scored metric per round of every method, mean and 95%
     t-interval over seeds, with the bar as a dashed line."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     mine = scores[scores["paper"] == paper]
+    labels = method_labels(project, paper, mine["method"])
     panels = list(mine.groupby(["protocol", "setting"], sort=False))
     fig, axes = grid(plt, len(panels), 3, size=(5.0, 3.6))
     for ax, ((protocol, setting), runs) in zip(axes, panels):
@@ -126,19 +137,32 @@ def draw_paper(project: Project, paper: str, scores: pd.DataFrame, out_png: Path
             n = table.notna().sum(axis=1)
             mean = 100 * table.mean(axis=1)
             half = 100 * table.std(axis=1) / np.sqrt(n) * n.map(lambda k: t_quantile_975(k - 1) if k > 1 else 0.0)
-            label = project.papers[paper]["methods"][method].get("label", method)
-            line, = ax.plot(mean.index, mean, marker="o", markersize=3, label=label)
+            line, = ax.plot(mean.index, mean, marker="o", markersize=3, label=labels[method] + evaluated_at(mean.index))
             ax.fill_between(mean.index, mean - half.fillna(0), mean + half.fillna(0), alpha=0.15, color=line.get_color())
         bar = 100 * runs["threshold"].mean()
-        ax.axhline(bar, color="black", linestyle="--", linewidth=1, label="bar")
+        ax.axhline(bar, color="black", linestyle="--", linewidth=1, label="learning bar")
         ax.set_title(f"{setting} ({protocol})")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # rounds are whole numbers
         ax.set_ylabel(f"{runs['metric'].iloc[0]} (%)")
         ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"{paper}: scored metric per round, mean and 95% t-interval over {len(project.seeds)} seeds")
+    fig.suptitle(f"{paper}: scored metric at each evaluated round, mean and 95% t-interval over {len(project.seeds)} seeds")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     save_figure(fig, out_png)
     plt.close(fig)
+
+
+def evaluated_at(rounds) -> str:
+    """What a legend says about a method evaluated at only some rounds (``train.eval_every``), so that a curve
+    that starts late, or a single point, is not taken for a missing one: "" (every round from the first), "
+    (evaluated at round 3 only)", " (evaluated every 4 rounds)"."""
+    rounds = [int(r) for r in rounds]
+    if len(rounds) == 1:
+        return f" (evaluated at round {rounds[0]} only)" if rounds[0] != 1 else ""
+    steps = {b - a for a, b in zip(rounds, rounds[1:])}
+    if rounds[0] == 1 and steps == {1}:
+        return ""
+    return f" (evaluated every {steps.pop()} rounds)" if len(steps) == 1 else f" (evaluated at rounds {', '.join(map(str, rounds))})"
 
 
 def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
@@ -160,18 +184,17 @@ def markdown(summary: pd.DataFrame, project: Project) -> str:
     lines = ["# Evidence: did every method learn?", "",
              f"Bar: classification BACC >= chance + {100 * spec.get('bacc_above_chance', 0.25):.0f} points on the global "
              f"test set (chance = 1 / classes present); retrieval Recall@1 >= {spec.get('recall_times_random', 3.0):g} x "
-             f"random. Values: mean and 95% t-interval over {len(project.seeds)} seeds, in %.", ""]
+             f"random. Measured: this pipeline's value, the mean and 95% t-interval over {len(project.seeds)} "
+             f"seeds, in %.", ""]
     passed, total = summary["seeds passed"].str.split("/").str[0], summary["seeds passed"].str.split("/").str[1]
     failed = summary[(passed != total) & (summary["exempt"] == "")]
     lines += [f"**{len(summary) - len(failed)} of {len(summary)} (setting, method) rows clear the bar with every seed.**", ""]
     for paper, rows in summary.groupby("paper", sort=False):
         lines += [f"## {paper}", "", f"![{paper}]({paper}.png)", "",
-                  "| protocol | setting | method | metric | ours | bar | seeds passed | exempt because |", "|---|---|---|---|---|---|---|---|"]
-        labels = {m: project.papers[paper]["methods"][m].get("label", m) for m in rows["method"]}
+                  "| protocol | setting | method | metric | measured | bar | seeds passed | exempt because |", "|---|---|---|---|---|---|---|---|"]
+        labels = method_labels(project, paper, rows["method"])
         for r in rows.to_dict("records"):
             label = labels[r["method"]]
-            if list(labels.values()).count(label) > 1:      # two variants share a table label (e.g. image-path twins)
-                label = f"{label} (`{r['method']}`)"
             ci = f" ± {100 * r['ci95']:.1f}" if not math.isnan(r["ci95"]) else ""
             lines.append(f"| {r['protocol']} | {r['setting']} | {label} | {r['metric']} | {100 * r['mean']:.1f}{ci} | "
                          f"{100 * r['bar']:.1f} | {r['seeds passed']} | {r['exempt']} |")
@@ -199,16 +222,12 @@ def write_page(project: Project, out_dir: str | Path) -> pd.DataFrame:
 
 def to_html(text: str, folder: Path) -> str:
     """The Markdown page as a self-contained HTML page (figures as data URIs, so it also works inside the
-    Snakemake report)."""
+    report)."""
     body, table = [], []
 
     def flush():
         if table:
-            cells = [[c.strip() for c in line.strip("|").split("|")] for line in table if not set(line) <= set("|-")]
-            head, *rows = cells
-            body.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"
-                        + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-                        + "</table>")
+            body.append(pipe_table(table))
             table.clear()
 
     for line in text.split("\n"):
@@ -218,8 +237,8 @@ def to_html(text: str, folder: Path) -> str:
         flush()
         image = re.fullmatch(r"!\[(.*)\]\((.*)\)", line)
         if image:
-            data = base64.b64encode((folder / image.group(2)).read_bytes()).decode()
-            body.append(f'<img alt="{html.escape(image.group(1))}" src="data:image/png;base64,{data}" style="max-width:100%">')
+            body.append(f'<img alt="{html.escape(image.group(1))}" src="{data_uri(folder / image.group(2))}" '
+                        f'style="max-width:100%">')
         elif line.startswith("## "):
             body.append(f"<h2>{html.escape(line[3:])}</h2>")
         elif line.startswith("# "):
@@ -227,7 +246,4 @@ def to_html(text: str, folder: Path) -> str:
         elif line:
             body.append(f"<p>{html.escape(line).replace('**', '')}</p>")
     flush()
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:3px 6px}")
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>Evidence</title><style>{style}</style></head>" \
-           f"<body>{''.join(body)}</body></html>"
+    return page("Evidence", "".join(body))

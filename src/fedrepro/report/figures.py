@@ -13,6 +13,7 @@ from .item import ReportItem
 
 
 def figure_item(project: Project, protocol: str, paper: str, figure: str) -> ReportItem:
+    project.resolver.check_names(paper, figure=figure)
     return ReportItem(project, protocol, paper, "figures", figure)
 
 

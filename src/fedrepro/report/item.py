@@ -42,6 +42,9 @@ class ReportItem:
     def method_label(self, method: str) -> str:
         return self.project.papers[self.paper]["methods"][method].get("label", method)
 
+    def method_labels(self, methods) -> dict[str, str]:
+        return method_labels(self.project, self.paper, methods)
+
     def setting_label(self, setting: str) -> str:
         return self.project.papers[self.paper]["settings"][setting].get("label", setting)
 
@@ -95,6 +98,18 @@ class ReportItem:
         return (defaults or {}) | given
 
 
+def method_labels(project: Project, paper: str, methods) -> dict[str, str]:
+    """``method -> label`` for methods shown side by side (one legend, one table): the paper file's labels, made
+    unambiguous where a reader would misread them. Variants that share a label (FAA-CLIP's FedCLIP and its
+    image-path twin) and a label that says "Ours" (the paper's own method, which a reader would take for this
+    pipeline's numbers) carry the variant key: "FedCLIP (fedclip_images)", "Ours (fedadapterproto)"."""
+    variants = project.papers[paper]["methods"]
+    labels = {m: variants[m].get("label", m) for m in dict.fromkeys(methods)}
+    shared = [label for label in labels.values() if list(labels.values()).count(label) > 1]
+    return {m: f"{label} ({m})" if (label in shared or label.lower().startswith("ours")) and label != m else label
+            for m, label in labels.items()}
+
+
 def stand_in(project: Project, paper: str) -> str | None:
     """What a paper file's stand-in data and models are (``stand_in``: the demo twins, the evidence overlays), or
     None for the real grid: its tables and scorecards say that their numbers are not comparable to the paper's."""
@@ -110,7 +125,7 @@ def require(path: str | Path) -> Path:
     """``path``, or a FileNotFoundError that says which rule builds it."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: build it first (snakemake {path}), or pull it "
+        raise FileNotFoundError(f"{path} not found: build it first (snakemake --cores all {path}), or pull it "
                                 f"(scripts/dvc-results.py pull)")
     return path
 

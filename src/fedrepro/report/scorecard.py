@@ -2,7 +2,7 @@
 
 For each cell of every table that has a published value, under each protocol that was run:
 our mean over seeds, its 95% t-interval (mean ± t_{n-1, 0.975} · sd / √n), the published value, the
-difference (ours − published) and a verdict:
+difference (measured − published) and a verdict:
 
 - ``reproduced``  the published value lies inside our 95% interval;
 - ``above`` / ``below``  our whole interval lies above / below the published value;
@@ -20,15 +20,16 @@ counts up to tens of thousands would squash the results' scatter).
 Cells whose published value the project derived or assembled (formulas expanded, values taken from
 another table) are marked ``derived`` by the published CSV itself (:mod:`fedrepro.report.published`); the
 table CSV carries the mark and its footnote, and the scorecard prints both.
-One line per paper says how many cells reproduced ("12 of 40 cells within the 95% interval"). The
-scorecard is written as Markdown, HTML (with a figure: published vs ours, one point per cell with its
+One line per paper and protocol says, in words, how many published numbers reproduced, how many were
+off and in which direction, and how many could not be judged and why (:func:`summary_line`). The
+scorecard is written as Markdown, HTML (with a figure: published vs measured, one point per cell with its
 interval, the diagonal drawn; embedded in the page, so the page stands alone, e.g. in the Snakemake report)
-and CSV, the figure also as PNG and PDF.
+and CSV, the figure also as PNG and PDF. "Measured" is always this pipeline's value, never a paper's
+method (FedAdapterProto's method is labelled "Ours" in its paper).
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import write_csv, write_text
+from .html import data_uri
 
 VERDICTS = ("reproduced", "above", "below", "no interval", "not run", "unpublished")
 VERDICT_COLOURS = {"reproduced": "#2e7d32", "above": "#ef6c00", "below": "#c62828", "no interval": "#757575",
@@ -113,24 +115,44 @@ def _results_and_data(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def summary_line(card: pd.DataFrame, paper: str | None = None) -> str:
-    """e.g. "FACMIC (clean): 12 of 40 cells within the 95% interval (30 above, 2 below, 1 not run); split sizes and
-    data statistics: 24 of 24 as published"."""
+    """What the card says, in words a first-time reader gets right, one line per (paper, protocol), e.g.
+    "FACMIC (clean): 0 of the 11 published numbers that could be judged reproduced (the published value lies
+    inside the 95% interval of the measured mean); the whole measured interval lies below the published value for 11.
+    Not judged: 8 ran with one seed only, so there is no interval to judge by." The cells that describe the data
+    (split sizes, imbalance ratios: one split, judged exactly) are counted apart at the end."""
     lines = []
     for (name, protocol), part in card.groupby(["paper", "protocol"], sort=False):
-        ours = int((part["verdict"] == "unpublished").sum())
+        ours = int((part["verdict"] == "unpublished").sum())          # an extension's cells: nothing to judge
         results, data = _results_and_data(part[part["verdict"] != "unpublished"])
-        counts = results["verdict"].value_counts()
-        judged = len(results) - counts.get("not run", 0) - counts.get("no interval", 0)
-        rest = ", ".join(f"{counts[v]} {v}" for v in VERDICTS[1:-1] if counts.get(v, 0))
-        line = (f"{paper or name} ({protocol}): {counts.get('reproduced', 0)} of {len(results)} cells within the "
-                f"95% interval" + (f" ({rest})" if rest else "") + (f"; {judged} judged" if judged != len(results) else ""))
+        counts = {v: int(n) for v, n in results["verdict"].value_counts().items()}
+        no_interval, not_run = counts.get("no interval", 0), counts.get("not run", 0)
+        judged = len(results) - no_interval - not_run
+        label = f"{paper or name} ({protocol})"
+        if judged:
+            text = (f"{label}: {counts.get('reproduced', 0)} of the {judged} published numbers that could be judged "
+                    f"reproduced (the published value lies inside the 95% interval of the measured mean)")
+            below, above = counts.get("below", 0), counts.get("above", 0)
+            sides = ([f"below the published value for {below}"] if below else []) + \
+                ([f"above {'it' if below else 'the published value'} for {above}"] if above else [])
+            text += (f"; the whole measured interval lies {' and '.join(sides)}" if sides else "") + "."
+        elif len(results):
+            text = f"{label}: none of the {len(results)} published numbers could be judged."
+        else:
+            text = f"{label}: no published result here."
+        unjudged = ([f"{no_interval} ran with one seed only, so there is no interval to judge by"] if no_interval else []) \
+            + ([f"{not_run} not run here"] if not_run else [])
+        if unjudged:
+            text += (" Not judged: " if judged else " ") + "; ".join(unjudged) + "."
         if len(data):
-            off = data["verdict"].value_counts()
-            rest = ", ".join(f"{off[v]} {v}" for v in ("above", "below", "not run") if off.get(v, 0))
-            line += (f"; split sizes and data statistics: {off.get('reproduced', 0)} of {len(data)} as published"
-                     + (f" ({rest})" if rest else ""))
-        lines.append(line + (f"; and {ours} cells of the extension, which have no published value" if ours else ""))
-    return "\n".join(lines) if lines else f"{paper or 'all papers'}: no published cell to score"
+            off = {v: int(n) for v, n in data["verdict"].value_counts().items()}
+            rest = ", ".join(f"{off[v]} {'larger' if v == 'above' else 'smaller' if v == 'below' else v}"
+                             for v in ("above", "below", "not run") if off.get(v, 0))
+            text += (f" Split sizes and data statistics: {off.get('reproduced', 0)} of {len(data)} as published"
+                     + (f" ({rest})" if rest else "") + ".")
+        if ours:
+            text += f" And {ours} numbers of the extension, which have no published value."
+        lines.append(text)
+    return "\n".join(lines) if lines else f"{paper or 'all papers'}: no published number to score."
 
 
 def _fmt(value: float, decimals: int = 2) -> str:
@@ -143,8 +165,12 @@ def _rows(card: pd.DataFrame) -> list[list[str]]:
              _fmt(r.published) + r.published_mark, _fmt(r.delta), r.verdict] for r in card.itertuples()]
 
 
-HEADER = ["table", "protocol", "row", "column", "ours (mean)", "95% interval", "n", "published", "ours − published", "verdict"]
-FOOTNOTE = "Intervals are 95% t-intervals of the mean over seeds."
+HEADER = ["table", "protocol", "row", "column", "measured (mean)", "95% interval", "n", "published", "measured − published",
+          "verdict"]
+FOOTNOTE = ("Measured: this pipeline's value, the mean over seeds; intervals are 95% t-intervals of that mean. Verdicts: "
+            "reproduced (the published value inside the interval), below / above (the whole interval below / above the "
+            "published value), no interval (one seed), not run. Split sizes and data statistics come from one split and "
+            "are judged exactly, to the published decimals.")
 
 
 def footnotes(card: pd.DataFrame) -> list[str]:
@@ -184,8 +210,7 @@ def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand
     if stand_ins:
         parts.append(f"<p><b>{html.escape(STAND_IN_NOTE)}</b> {html.escape(' '.join(stand_ins))}</p>")
     if figure:
-        data = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
-        parts.append(f"<img id='scorecard-figure' src='data:image/png;base64,{data}' alt='published vs ours' "
+        parts.append(f"<img id='scorecard-figure' src='{data_uri(figure)}' alt='published vs measured' "
                      f"style='max-width:900px'>")
     notes = "".join(f"{html.escape(line)}<br>" for line in footnotes(card))
     parts += [f"<table id='scorecard'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
@@ -194,15 +219,15 @@ def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand
 
 
 def plot(card: pd.DataFrame, title: str, out_png: str | Path) -> None:
-    """Published (x) vs ours (y), one point per cell, the diagonal drawn: the results with their 95% interval
+    """Published (x) vs measured here (y), one point per cell, the diagonal drawn: the results with their 95% interval
     bars, and, where the card has them, the split sizes and data statistics in a panel of their own on log axes."""
     from .plotting import pyplot, save_figure
 
     plt = pyplot()
     results, data = _results_and_data(card[card["published"].notna()])   # an extension's cells have no x
-    panels = [("results", results, "ours (mean, 95% interval)", False)]
+    panels = [("results", results, "measured here (mean, 95% interval)", False)]
     if len(data):
-        panels.append(("split sizes and data statistics", data, "ours (one split)", True))
+        panels.append(("split sizes and data statistics", data, "measured here (one split)", True))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5.2), squeeze=False)
     for ax, (name, part, ylabel, log) in zip(axes[0], panels):
         _scatter(ax, part[part["n"] > 0], log)

@@ -5,12 +5,12 @@ Table kinds (registered with :func:`fedrepro.registry.register_table_kind`, each
 per client from the split files) and ``class_balance`` (clients, images and imbalance ratio per setting).
 
 Outputs for ``results/tables/<protocol>/<paper>/<table>``:
-    .csv        one row per cell: mean, std, se, ci95, n, published, delta (ours - published), derived,
+    .csv        one row per cell: mean, std, se, ci95, n, published, delta (measured - published), derived,
                 published_mark and published_note (a published value this project derived or assembled:
                 the mark and footnote of the published CSV, :mod:`fedrepro.report.published`)
     .seeds.csv  every per-seed value that went into a cell (long format)
-    .md / .tex  the table as papers print it: "mean ± err (published)" and, on a second line, "Δ ours −
-                published"; "– (published)" where we have no value; a caption that says what ± is, how
+    .md / .tex  the table as papers print it: "mean ± err (published)" and, on a second line, "Δ measured −
+                published" (measured: this pipeline's value, never a method the paper calls "Ours"); "– (published)" where we have no value; a caption that says what ± is, how
                 many seeds, which protocol and which model-selection rule produced it, what the marks of
                 derived published values mean, the table's ``note`` and, for stand-in data and models, that its numbers
                 are not comparable (every table kind ends its caption with :func:`caption_notes`)
@@ -202,7 +202,7 @@ def notes_on_test_use(metrics: dict) -> set[str]:
 def make_caption(spec: dict, table: str, project: Project, protocols: set, rules: set, bars: str, n: int,
                  test_data: set[str] = frozenset()) -> str:
     parts = [spec.get("title", table) + "."]
-    parts.append(f"Ours: mean ± {ERROR_BARS[bars]} (n = {n} seeds); the published value in parentheses.")
+    parts.append(f"Measured here: mean ± {ERROR_BARS[bars]} (n = {n} seeds); the published value in parentheses.")
     if protocols:
         parts.append(f"Protocol: {', '.join(sorted(protocols))}.")
     if rules:
@@ -226,7 +226,7 @@ def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
     numbers are not comparable to the paper."""
     parts = []
     if summary["delta"].notna().any():
-        parts.append("Δ = ours − published.")
+        parts.append("Δ = measured − published.")
     marked = summary[summary["published_mark"] != ""] if len(summary) else summary
     for mark, note in dict(zip(marked["published_mark"], marked["published_note"])).items():
         parts.append(f"{mark} {note.rstrip('.')}.")
@@ -435,6 +435,7 @@ def build_class_balance_table(item: ReportItem) -> TableResult:
 # building one table
 
 def table_item(project: Project, protocol: str, paper: str, table: str) -> ReportItem:
+    project.resolver.check_names(paper, table=table)
     return ReportItem(project, protocol, paper, "tables", table)
 
 
