@@ -3,9 +3,10 @@
 Every file the pipeline produces is written to a temporary sibling (``.<name>.<random>.tmp``) and moved into
 place with ``os.replace``, so a killed job never leaves a half-written file that looks complete; the temporary
 files a killed job leaves are removed when a job for the same outputs starts again (:func:`clear_temporaries`).
-A write that fails for lack of space says where and how much it needed (:class:`DiskFull`). A file made
-earlier that turns out truncated or corrupt is set aside under another name, kept for inspection, and reported
-with the command that makes it again (:func:`broken`); with it gone, Snakemake's next run rebuilds it.
+A write that fails for lack of space says where and how much it needed (:class:`DiskFull`), whatever the
+writer made of the error (torch turns it into its own "unexpected pos" on close). A file made earlier that
+turns out truncated or corrupt is set aside under another name, kept for inspection, and reported with the
+command that makes it again (:func:`broken`); with it gone, Snakemake's next run rebuilds it.
 """
 
 from __future__ import annotations
@@ -55,13 +56,28 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
         with open(tmp_path, "rb") as fh:  # make the bytes durable before the rename publishes them
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
-    except OSError as error:
-        if error.errno not in NO_SPACE:
+    except Exception as error:
+        full = out_of_space(error)
+        if full is None:
             raise
         written = tmp_path.stat().st_size if tmp_path.exists() and not tmp_path.is_symlink() else 0
-        raise disk_full(path, size, written) from error
+        tmp_path.unlink(missing_ok=True)          # before counting what is free: the partial file holds space
+        raise disk_full(path, size, written) from full
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def out_of_space(error: BaseException) -> OSError | None:
+    """The "no space left" (or quota) error behind ``error``, if there is one. Writers re-raise it as their own:
+    torch's archive writer, handed the OSError by its file object, fails again on close with a RuntimeError
+    ("[enforce fail at inline_container.cc] unexpected pos ...") whose context is the OSError."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def disk_full(path: Path, size: int | None, written: int) -> DiskFull:
