@@ -103,6 +103,15 @@ def build_feature_cache(manifest_path: Path, raw_root: Path, class_names: list[s
 CACHE_KEYS = ("image", "text", "labels", "paths", "class_names", "encoder", "manifest_sha256")
 
 
+def feature_cache_manifest(path: str | Path) -> str | None:
+    """The SHA-256 of the manifest a feature cache was computed from, read without loading its features (the
+    tensors are memory-mapped, not read); None where the file is no readable cache."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("manifest_sha256")
+    except Exception:  # noqa: BLE001 - a damaged cache is named by its job; here it only has no answer
+        return None
+
+
 def load_feature_cache(path: str | Path) -> dict:
     """A feature cache as :func:`build_feature_cache` wrote it, after its CRC-32s matched; a truncated, corrupt or
     changed file is set aside and named with the command that rebuilds it (torch alone says only "checkpoint file

@@ -87,6 +87,15 @@ def build_image_cache(manifest_path: str | Path, raw_root: str | Path, spec: Dec
     return meta
 
 
+def image_cache_manifest(pixels: str | Path) -> str | None:
+    """The SHA-256 of the manifest an image cache was built from (its index says); None without a readable index."""
+    try:
+        with np.load(cache_paths(pixels)[1]) as index:
+            return json.loads(str(index["meta"])).get("manifest_sha256")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+
+
 def _write_all(fh, arrays, shapes, offsets, crc32, counter) -> None:
     for i, (array, _) in enumerate(zip(arrays, counter)):
         channels = 1 if array.ndim == 2 else array.shape[2]
