@@ -12,7 +12,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from fedrepro import paths
-from fedrepro.config import ConfigError, Project, check_config_files
+from fedrepro.config import ConfigError, Project, check_config_files, typed_overrides
 from fedrepro.embed import model_config as embed_model_config
 from fedrepro.models.weights import WeightsError, encoder_weights, weight_specs
 from fedrepro.models.weights import check as check_weights
@@ -29,7 +29,8 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PAT
 
 try:
     check_config_files(workflow.configfiles)   # what Snakemake's loader lets through: repeated keys
-    PROJECT = Project(config, root=workflow.basedir)
+    # --config seeds=[0,1]: Snakemake reads the items of a list or mapping as strings; read them as a config file would
+    PROJECT = Project(typed_overrides(config, workflow.config_settings.config), root=workflow.basedir)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration:\n{error}")
 

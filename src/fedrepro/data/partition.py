@@ -273,9 +273,13 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
                          np.sort(np.concatenate([reference, held_ref])).astype(int), draws=draw, external=external,
                          declared_overlaps=overlaps)
     hint = " (set on_empty: resample to redraw)" if max_draws == 1 else f" after {max_draws} draws"
+    names = list(small)
+    shown = ", ".join(f"{n}: {small[n]}" for n in names[:5]) + (f", ... {names[-1]}: {small[names[-1]]}"
+                                                                 if len(names) > 5 else "")
     raise SplitError(
-        f"{kind} split leaves clients with fewer than min_train={min_train} training samples{hint}: {small}. "
-        f"Use fewer clients, a larger alpha, or a smaller min_train."
+        f"split kind {kind!r}: {len(small)} of its {len(clients)} clients get fewer than min_train={min_train} training "
+        f"images ({shown}) from the {len(pool)} images left for clients ({len(manifest)} in the manifest){hint}. Use "
+        f"fewer clients (split: clients; at most {len(pool)} here), a larger alpha, or a smaller min_train."
     )
 
 
