@@ -90,3 +90,20 @@ def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatc
     commands.clear()
     module.push(SimpleNamespace(stages=["raw", "images", "manifests", "runs"], snakemake=[], force=False), tmp_path)
     assert ["dvc", "push", "raw", "images", "manifests", "runs"] in commands
+
+
+def test_pull_after_an_interrupted_download_fetches_the_bad_cache_copy_again(tmp_path):
+    """Issue 32, item 8: a download cut off leaves a partial object in DVC's cache, which DVC then takes as fetched;
+    the next pull called that a corrupt copy on the remote (it is not). It now downloads it again and pulls."""
+    clone, env, _ = pushed_clone(tmp_path)
+    run(["dvc", "fetch", "--quiet", "runs", "tables"], clone, env)
+    md5 = hashlib.md5((tmp_path / "origin" / METRICS).read_bytes()).hexdigest()
+    partial = Path(run(["dvc", "cache", "dir"], clone, env).stdout.strip()) / "files/md5" / md5[:2] / md5[2:]
+    partial.chmod(0o644)
+    partial.write_bytes(partial.read_bytes()[:10])                       # what the interrupted download left
+
+    pulled = pull(clone, env)
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    assert "do not match dvc.lock (an interrupted pull leaves such copies): downloading them again" in pulled.stderr
+    assert "remote holds a corrupt copy" not in pulled.stderr
+    assert (clone / METRICS).read_bytes() == (tmp_path / "origin" / METRICS).read_bytes()
