@@ -139,8 +139,8 @@ def pull(args, root: Path) -> None:
     fetch(stages, remote)
     bad = verify_fetched(locked, stages)
     if bad:
-        # a copy an interrupted download left in DVC's cache is bad here, not on the remote, and DVC takes it as
-        # fetched: verify_fetched dropped it, so download those once more before blaming the remote
+        # a copy in DVC's cache can be bad here, not on the remote, while DVC takes it as fetched (its size and mtime
+        # are those DVC recorded): verify_fetched dropped it, so download those once more before blaming the remote
         print(f"{len(bad)} file(s) in DVC's cache do not match dvc.lock (an interrupted pull leaves such copies): "
               f"downloading them again", file=sys.stderr)
         fetch(stages, remote)

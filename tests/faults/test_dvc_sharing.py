@@ -92,15 +92,21 @@ def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatc
     assert ["dvc", "push", "raw", "images", "manifests", "runs"] in commands
 
 
-def test_pull_after_an_interrupted_download_fetches_the_bad_cache_copy_again(tmp_path):
-    """Issue 32, item 8: a download cut off leaves a partial object in DVC's cache, which DVC then takes as fetched;
-    the next pull called that a corrupt copy on the remote (it is not). It now downloads it again and pulls."""
+def test_a_bad_copy_in_the_local_cache_is_downloaded_again_not_blamed_on_the_remote(tmp_path):
+    """Issue 32, item 8: a copy in DVC's own cache that does not match dvc.lock, though DVC takes it as fetched (its
+    size and modification time are those DVC recorded, so DVC does not look again; an interrupted pull left such
+    copies), made the next pull say that the remote holds a corrupt copy, which it does not. It is now downloaded
+    once more, and only a copy still bad after that is blamed on the remote."""
+    import os
+
     clone, env, _ = pushed_clone(tmp_path)
     run(["dvc", "fetch", "--quiet", "runs", "tables"], clone, env)
     md5 = hashlib.md5((tmp_path / "origin" / METRICS).read_bytes()).hexdigest()
-    partial = Path(run(["dvc", "cache", "dir"], clone, env).stdout.strip()) / "files/md5" / md5[:2] / md5[2:]
-    partial.chmod(0o644)
-    partial.write_bytes(partial.read_bytes()[:10])                       # what the interrupted download left
+    bad = Path(run(["dvc", "cache", "dir"], clone, env).stdout.strip()) / "files/md5" / md5[:2] / md5[2:]
+    before = bad.stat()
+    bad.chmod(0o644)
+    bad.write_bytes(b"\0" * before.st_size)                             # same size, other bytes
+    os.utime(bad, ns=(before.st_atime_ns, before.st_mtime_ns))           # and the time DVC recorded
 
     pulled = pull(clone, env)
     assert pulled.returncode == 0, pulled.stderr[-3000:]
