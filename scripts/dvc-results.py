@@ -17,8 +17,8 @@ push   checks that Snakemake has nothing left to do (else it refuses, unless --f
 pull   downloads the stages (default: manifests if they were pushed, splits, runs, embeddings, tables,
        figures, scorecards; no raw data, weights, image or feature caches, or checkpoints) into DVC's cache,
        checks every downloaded file against its MD5 in dvc.lock before it touches the workspace (a bad copy in
-       the cache, as an interrupted pull leaves, is downloaded again; one that is still bad, a corrupt copy on
-       the remote, is refused by name), puts them in place, checks that the workspace now matches
+       the local cache, which DVC takes as fetched, is downloaded again; one that is still bad, a corrupt copy
+       on the remote, is refused by name), puts them in place, checks that the workspace now matches
        dvc.lock, then lets Snakemake re-order modification times (``snakemake --touch``). DVC does not keep
        mtimes, so without this step Snakemake would see inputs newer than outputs and rerun them.
        Afterwards ``snakemake -n`` reports nothing to do and a table rebuilds from the pulled metrics
@@ -141,7 +141,7 @@ def pull(args, root: Path) -> None:
     if bad:
         # a copy in DVC's cache can be bad here, not on the remote, while DVC takes it as fetched (its size and mtime
         # are those DVC recorded): verify_fetched dropped it, so download those once more before blaming the remote
-        print(f"{len(bad)} file(s) in DVC's cache do not match dvc.lock (an interrupted pull leaves such copies): "
+        print(f"{len(bad)} file(s) in DVC's cache do not match dvc.lock (copies DVC takes as fetched): "
               f"downloading them again", file=sys.stderr)
         fetch(stages, remote)
         bad = verify_fetched(locked, stages)

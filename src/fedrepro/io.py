@@ -13,7 +13,7 @@ What a run reads back carries a digest recorded when it was written, checked whe
 - files of :func:`torch_save` (checkpoints, per-client states, feature caches) and ``np.savez`` are zip
   archives whose every member has the CRC-32 of its bytes in the archive's directory, written by torch and
   numpy themselves; torch never checks them on load, :func:`archive_damage` does (one sequential read, about
-  1.7 GB/s per core: benchmarks/README.md);
+  1.5 GB/s per core: benchmarks/README.md);
 - JSON files (splits) carry the SHA-256 of their own content (:func:`with_content_digest`), checked by
   :func:`content_damage`.
 """

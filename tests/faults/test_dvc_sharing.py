@@ -110,6 +110,6 @@ def test_a_bad_copy_in_the_local_cache_is_downloaded_again_not_blamed_on_the_rem
 
     pulled = pull(clone, env)
     assert pulled.returncode == 0, pulled.stderr[-3000:]
-    assert "do not match dvc.lock (an interrupted pull leaves such copies): downloading them again" in pulled.stderr
+    assert "do not match dvc.lock (copies DVC takes as fetched): downloading them again" in pulled.stderr
     assert "remote holds a corrupt copy" not in pulled.stderr
     assert (clone / METRICS).read_bytes() == (tmp_path / "origin" / METRICS).read_bytes()
