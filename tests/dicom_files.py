@@ -1,67 +1,59 @@
-"""Minimal DICOM Part-10 files for tests of the project's DICOM reader (no pydicom needed)."""
+"""DICOM files for tests, written with pydicom in the transfer syntaxes the RSNA sets use (and a few more)."""
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import numpy as np
 
-LONG_VRS = (b"OB", b"OW", b"SQ", b"UN", b"UT")
-US_TAGS = {"samples": (0x0028, 0x0002), "rows": (0x0028, 0x0010), "columns": (0x0028, 0x0011),
-           "bits": (0x0028, 0x0100), "bits_stored": (0x0028, 0x0101), "signed": (0x0028, 0x0103)}
-DS_TAGS = {"center": (0x0028, 0x1050), "width": (0x0028, 0x1051), "intercept": (0x0028, 0x1052),
-           "slope": (0x0028, 0x1053)}
-
-
-def _even(value: bytes, pad: bytes = b" ") -> bytes:
-    return value + pad if len(value) % 2 else value
-
-
-def element(group: int, number: int, vr: bytes, value: bytes, explicit: bool = True) -> bytes:
-    tag = struct.pack("<HH", group, number)
-    if not explicit:
-        return tag + struct.pack("<I", len(value)) + value
-    if vr in LONG_VRS:
-        return tag + vr + b"\0\0" + struct.pack("<I", len(value)) + value
-    return tag + vr + struct.pack("<H", len(value)) + value
+# syntax name -> transfer syntax UID
+SYNTAXES = {"explicit": "1.2.840.10008.1.2.1", "implicit": "1.2.840.10008.1.2", "big": "1.2.840.10008.1.2.2",
+            "jpeg": "1.2.840.10008.1.2.4.50", "rle": "1.2.840.10008.1.2.5"}
+CT_STORAGE, SECONDARY_CAPTURE = "1.2.840.10008.5.1.4.1.1.2", "1.2.840.10008.5.1.4.1.1.7"
+DECIMALS = {"center": "WindowCenter", "width": "WindowWidth", "intercept": "RescaleIntercept", "slope": "RescaleSlope"}
 
 
 def write_dicom(path: Path, pixels: np.ndarray | None = None, jpeg: bytes | None = None, size: tuple[int, int] | None = None,
-                explicit: bool = True, bits_stored: int | None = None, **decimals: str) -> None:
-    """Native ``pixels`` (uint8, uint16 or int16) in explicit or implicit VR little endian, or a JPEG
-    baseline stream of ``size`` (rows, columns); ``decimals`` sets CT attributes given as DICOM decimal
-    strings: center, width, intercept, slope (e.g. ``center="40\\50"``); ``bits_stored`` BitsStored
-    (default: BitsAllocated)."""
-    if jpeg is not None:
-        syntax, explicit = b"1.2.840.10008.1.2.4.50", True
-    else:
-        syntax = b"1.2.840.10008.1.2.1" if explicit else b"1.2.840.10008.1.2"
-    meta = element(0x0002, 0x0010, b"UI", _even(syntax, b"\0"))
-    meta = element(0x0002, 0x0000, b"UL", struct.pack("<I", len(meta))) + meta
+                explicit: bool = True, bits_stored: int | None = None, syntax: str | None = None,
+                photometric: str = "MONOCHROME2", preamble: bool = True, **decimals: str) -> None:
+    """Native ``pixels`` (uint8, uint16 or int16) in explicit VR little endian (or implicit with
+    ``explicit=False``, or ``syntax`` big / rle), or a JPEG baseline stream ``jpeg`` of ``size`` (rows,
+    columns), as RSNA Pneumonia's files hold it; ``decimals`` sets CT attributes as DICOM decimal strings:
+    center, width, intercept, slope (``center="40\\50"``: two values); ``bits_stored`` BitsStored (default:
+    BitsAllocated); ``preamble=False`` leaves out the Part-10 header."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import generate_uid
+
+    syntax = "jpeg" if jpeg is not None else (syntax or ("explicit" if explicit else "implicit"))
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = SYNTAXES["explicit" if syntax == "rle" else syntax]
+    ds.file_meta.MediaStorageSOPClassUID = SECONDARY_CAPTURE if jpeg is not None else CT_STORAGE
+    ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds.SOPClassUID, ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID
+    ds.Modality = "CR" if jpeg is not None else "CT"
+    ds.ReferencedImageSequence = [Dataset()]          # a sequence before the pixels: the reader has to skip it
+    ds.ReferencedImageSequence[0].ReferencedSOPInstanceUID = "1.2"
     rows, columns = size if jpeg is not None else pixels.shape
     bits = 8 if jpeg is not None or pixels.dtype == np.uint8 else 16
-    signed = int(jpeg is None and pixels.dtype.kind == "i")
-    # an undefined-length sequence with one undefined-length item: the reader has to skip it
-    sequence = (struct.pack("<HH", 0x0008, 0x1140) + (b"SQ\0\0" if explicit else b"") + struct.pack("<I", 0xFFFFFFFF)
-                + struct.pack("<HHI", 0xFFFE, 0xE000, 0xFFFFFFFF) + element(0x0008, 0x1150, b"UI", b"1.2\0", explicit)
-                + struct.pack("<HHI", 0xFFFE, 0xE00D, 0) + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0))
-    body = element(0x0008, 0x0060, b"CS", b"CT", explicit) + sequence
-    body += element(0x0028, 0x0004, b"CS", b"MONOCHROME2 ", explicit)
-    values = {"samples": 1, "rows": rows, "columns": columns, "bits": bits, "bits_stored": bits_stored or bits,
-              "signed": signed}
-    for name, (group, number) in US_TAGS.items():
-        body += element(group, number, b"US", struct.pack("<H", values[name]), explicit)
-    for name, (group, number) in DS_TAGS.items():
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.Rows, ds.Columns = 1, photometric, rows, columns
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = bits, bits_stored or bits, (bits_stored or bits) - 1
+    ds.PixelRepresentation = int(jpeg is None and pixels.dtype.kind == "i")
+    for name, keyword in DECIMALS.items():
         if name in decimals:
-            body += element(group, number, b"DS", _even(decimals[name].encode("ascii")), explicit)
+            values = decimals[name].split("\\")
+            setattr(ds, keyword, values if len(values) > 1 else values[0])
     if jpeg is not None:
-        fragment = _even(jpeg, b"\0")
-        body += (struct.pack("<HH", 0x7FE0, 0x0010) + b"OB\0\0" + struct.pack("<I", 0xFFFFFFFF)
-                 + struct.pack("<HHI", 0xFFFE, 0xE000, 0) + struct.pack("<HHI", 0xFFFE, 0xE000, len(fragment)) + fragment
-                 + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0))
+        ds.PixelData = encapsulate([jpeg])
     else:
-        body += element(0x7FE0, 0x0010, b"OW" if bits == 16 else b"OB", pixels.astype(pixels.dtype.newbyteorder("<")).tobytes(),
-                        explicit)
+        ds.PixelData = pixels.astype(pixels.dtype.newbyteorder(">" if syntax == "big" else "<")).tobytes()
+        if syntax == "rle":
+            ds.compress(SYNTAXES["rle"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\0" * 128 + b"DICM" + meta + body)
+    transfer = ds.file_meta.TransferSyntaxUID
+    if preamble:
+        ds.save_as(path, enforce_file_format=True)
+    else:
+        ds.file_meta = FileMetaDataset()
+        ds.save_as(path, implicit_vr=transfer.is_implicit_VR, little_endian=transfer.is_little_endian)

@@ -476,17 +476,22 @@ def mbrset(raw: Path) -> Expected:
 # --------------------------------------------------------------------------------------------
 # chest X-ray
 
+# MIMIC-CXR's report layout: a centred title line, then every line indented by one space, headings in capitals
+MIMIC_TITLE = "                                 FINAL REPORT\n"
 MIMIC_STUDIES = [  # subject, study, [(dicom id, view)], split, findings mentioned (CheXpert value), report
     (10000032, 50414267, [("02aa804e-bde0afdd-112c0b34-7bc16630-4e384014", "PA"),
                           ("174413ec-4ec4c1f7-34ea26b7-c5f994f8-79ef1962", "LATERAL")], "train", {"Edema": 1.0},
-     "EXAMINATION: CHEST (PA AND LAT)\n\nFINDINGS: Mild pulmonary edema. No effusion.\n\nIMPRESSION: Edema, improved.\n"),
+     MIMIC_TITLE + " EXAMINATION:  CHEST (PA AND LAT)\n \n FINDINGS:  \n \n Mild pulmonary edema. No effusion.\n \n"
+                   " IMPRESSION:  \n \n Edema, improved.\n"),
     (10000032, 53189527, [("2a2277a9-b0ded155-c0de8eb9-c124d10e-82c5caab", "AP")], "validate",
      {"Pleural Effusion": 0.0, "Pneumonia": -1.0},
-     "FINDINGS: Small left pleural effusion is not seen. Possible pneumonia.\nIMPRESSION: Possible pneumonia.\n"),
+     MIMIC_TITLE + " FINDINGS: Small left pleural effusion is not seen. Possible pneumonia.\n IMPRESSION: Possible "
+                   "pneumonia.\n"),
     (10000764, 57375967, [("096052b7-d256dc40-453a102b-fa7d01c6-1b22c6b4", "AP")], "test", {},
-     "FINDINGS: Lungs are clear, no acute process.\nIMPRESSION: No acute cardiopulmonary process.\n"),
+     MIMIC_TITLE + " FINDINGS: Lungs are clear, no acute process.\n CONCLUSION: No acute cardiopulmonary process.\n"),
     (11000183, 51967845, [("3a53d6b5-d7a5a9e4-3bb3b87b-0fa3a8ec-dc7d2b4a", "PA")], "train",
-     {"Consolidation": 1.0, "Pneumothorax": 1.0}, "IMPRESSION: Right lower lobe consolidation. Small pneumothorax.\n"),
+     {"Consolidation": 1.0, "Pneumothorax": 1.0},
+     MIMIC_TITLE + " IMPRESSION:  Right lower lobe consolidation. Small pneumothorax.\n"),
 ]
 CHEXPERT = ("Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Enlarged Cardiomediastinum", "Fracture", "Lung Lesion",
             "Lung Opacity", "No Finding", "Pleural Effusion", "Pleural Other", "Pneumonia", "Pneumothorax", "Support Devices")

@@ -612,7 +612,7 @@ def test_faa_clip_table2_times_every_method_on_its_image_path():
 
 def test_demo_configs_end_to_end(demo_data, monkeypatch):
     """The FACMIC demo (both protocols, external transfer set) and an FAA-CLIP demo run through the Python API."""
-    from fedrepro import cli
+    from fedrepro import cli, paths
     from fedrepro.models import composite
     from fedrepro.models.weights import fetch as fetch_weights
     from fedrepro.train import train_run
@@ -633,8 +633,8 @@ def test_demo_configs_end_to_end(demo_data, monkeypatch):
             cli.main(["features", "--dataset", run["dataset"], "--manifest", run["paths"]["manifest"],
                       "--raw-dir", run["paths"]["raw_dir"], "--encoder", json.dumps(run["features"]["encoder"]),
                       "--device", "cpu", "--out", run["paths"]["features"]])
-        out = Path("results/runs") / key.path
-        summary = train_run(run, out, Path("results/checkpoints") / key.path)
+        out = Path(paths.run_dir(key))             # the demo's results folder (results/demo)
+        summary = train_run(run, out, paths.checkpoint_dir(key))
         for name in ("metrics.json", "history.csv", "predictions.npz", "run_manifest.json"):
             assert (out / name).exists()
         assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(summary))
@@ -651,7 +651,7 @@ def test_demo_configs_end_to_end(demo_data, monkeypatch):
         probs = np.load(out / "predictions.npz")["selected:global/probs"]
         assert np.allclose(probs.sum(1), 1.0, atol=1e-5)
 
-    clean, paper = (json.loads((Path("results/runs") / k.path / "metrics.json").read_text()) for k in keys[:2])
+    clean, paper = (json.loads(Path(paths.run_file(k)).read_text()) for k in keys[:2])
     assert clean["run"]["protocol"] == "clean" and clean["selection"]["rule"] in ("best_val", "last")
     assert paper["run"]["protocol"] == "paper" and paper["selection"]["rule"] == "best_test"
     # what test data each read: clean none (and keeps no best-test selection), paper selects and adapts on it

@@ -163,3 +163,36 @@ def test_deep_merge_does_not_mutate():
     out = deep_merge(base, {"a": {"c": 2}})
     assert out == {"a": {"b": 1, "c": 2}} and base == {"a": {"b": 1}}
     assert copy.deepcopy(out) == out
+
+
+def test_a_figure_sits_in_the_folder_of_the_protocol_its_runs_used():
+    """FAA-CLIP's demo setting oh_acp_r pins `paper` (each eval set at its best test round): its figures are built
+    once, under paper/, even where the configuration asks for clean only; a figure of unpinned settings is built
+    under every configured protocol."""
+    from fedrepro import paths
+
+    for protocols in (["clean"], ["clean", "paper"]):
+        project = load_project(DEMO, overrides={"papers": ["faa_clip"], "protocols": protocols})
+        figures = list(project.plan.figures())
+        assert len(figures) == len(set(figures))
+        pinned = [f for f in figures if f[2] in ("fig3", "fig4", "fig8")]
+        assert pinned == [("paper", "faa_clip", "fig3"), ("paper", "faa_clip", "fig4"), ("paper", "faa_clip", "fig8")]
+        assert [p for p, _, name in figures if name == "fig2"] == protocols          # multi_of pins nothing
+        for protocol, paper, figure in pinned:                                         # its runs are that protocol's
+            assert {key.protocol for key in project.plan.figure_runs(paper, figure, protocol)} == {"paper"}
+        assert paths.figure("paper", "faa_clip", "fig3") == "results/demo/figures/paper/faa_clip/fig3.png"
+
+
+def test_the_demo_writes_its_results_to_its_own_folder():
+    """Only the full grid's results are where dvc.yaml's stages are (results/): a push never carries demo runs."""
+    from fedrepro import paths
+
+    demo = load_project(DEMO, overrides={"papers": ["feddra"]})
+    key = demo.resolver.run_key("feddra", "demo_a1", "feddra", 0)
+    assert paths.run_file(key) == "results/demo/runs/clean/feddra/demo_a1/feddra/seed0/metrics.json"
+    for path in (paths.model_file(key), paths.downstream(key, "cls"), paths.embedding(key, "fig3"), paths.evidence(),
+                 paths.table("clean", "feddra", "table2"), paths.figure("clean", "feddra", "fig3"), paths.scorecard("all")):
+        assert path.startswith("results/demo/"), path
+    assert demo.resolver.downstream_config(key, "cls")["paths"]["checkpoint"] == paths.model_file(key)
+    load_project(["config/config.yaml"])            # the full grid's: results/ (and other tests expect it)
+    assert paths.run_file(key) == "results/runs/clean/feddra/demo_a1/feddra/seed0/metrics.json"

@@ -124,7 +124,7 @@ def test_isic2019_rejects_unk_rows_and_missing_images(tmp_path):
         prepare("isic2019", tmp_path)
     make_isic2019(tmp_path / "b")
     (tmp_path / "b/isic2019/ISIC_2019_Training_Input/ISIC_0020004.jpg").unlink()
-    with pytest.raises(ManifestError, match=r"1 images .* missing.*ISIC_0020004"):
+    with pytest.raises(ManifestError, match=r"1 of the \d+ files listed in .*GroundTruth\.csv are missing.*ISIC_0020004"):
         prepare("isic2019", tmp_path / "b")
 
 
@@ -285,15 +285,15 @@ def fake_spec(*sources: Source, **kw) -> DatasetSpec:
                        prepare="class_folders", **kw)
 
 
-ARCHIVE = zip_bytes({f"a/{i}.txt": bytes(range(256)) * 40 for i in range(6)} | {"b/x.txt": b"x" * 5000})
+ARCHIVE = zip_bytes({f"a/{i}.png": bytes(range(256)) * 40 for i in range(6)} | {"b/x.png": b"x" * 5000})
 
 
 def test_resumable_download_continues_with_range(server, tmp_path):
-    big = zip_bytes({"a/big.bin": np.random.default_rng(0).bytes(3 << 20), "b/x.txt": b"x"})
+    big = zip_bytes({"a/big.bin": np.random.default_rng(0).bytes(3 << 20), "a/0.png": b"x", "b/x.png": b"x"})
     server.files["/data.zip"] = big
     server.cut["/data.zip"] = (5 << 20) // 2  # the connection drops after 2.5 MiB
     spec = fake_spec(Source("url", server.url + "/data.zip", filename="data.zip", sha256=hashlib.sha256(big).hexdigest()))
-    with pytest.raises(DownloadError, match=r"run again to resume from .*data\.zip\.part"):
+    with pytest.raises(DownloadError, match=r"run `fedrepro download fake --raw-dir .*` again to resume from .*data\.zip\.part"):
         download.download_dataset(spec, tmp_path)
     part = tmp_path / "fake/downloads/data.zip.part"
     kept = part.stat().st_size  # whole 1 MiB blocks received before the cut
@@ -324,6 +324,26 @@ def test_trust_on_first_use_records_then_enforces(server, tmp_path):
     (tmp_path / "fake/downloads/data.zip").write_bytes(zip_bytes({"a/1.txt": b"other"}))
     with pytest.raises(ChecksumMismatch, match=r"data\.zip.*recorded on first use in .*SHA256SUMS"):
         download.download_dataset(spec, tmp_path)
+
+
+def test_a_damaged_download_is_set_aside_not_recorded_and_fetched_again(server, tmp_path):
+    """The server sends a zip whose member is damaged: nothing recorded, nothing unpacked, the file kept as
+    <name>.broken (not deleted); the next run downloads it again and accepts the good one."""
+    from fedrepro.data.download import BrokenArchive
+
+    damaged = bytearray(ARCHIVE)
+    damaged[60] ^= 0xFF                                      # inside the first member's data: its CRC fails
+    server.files["/data.zip"] = bytes(damaged)
+    spec = fake_spec(Source("url", server.url + "/data.zip", filename="data.zip"))
+    with pytest.raises(BrokenArchive, match=r"data\.zip\.broken is not whole: member 'a/0\.png' cannot be read.*"
+                                            r"download it again"):
+        download.download_dataset(spec, tmp_path)
+    base = tmp_path / "fake"
+    assert (base / "downloads/data.zip.broken").read_bytes() == bytes(damaged) and not (base / "downloads/data.zip").exists()
+    assert not (base / "SHA256SUMS").exists() and not (base / "a").exists() and not (base / ".complete").exists()
+    server.files["/data.zip"] = ARCHIVE
+    download.download_dataset(spec, tmp_path)
+    assert (base / ".complete").exists() and hashlib.sha256(ARCHIVE).hexdigest() in (base / "SHA256SUMS").read_text()
 
 
 def test_web_page_instead_of_archive_is_not_recorded(server, tmp_path):
@@ -392,7 +412,8 @@ def serve_dataverse(server, files, **kw) -> str:
 def test_dataverse_files_by_name_with_published_md5(server, tmp_path):
     part1 = zip_bytes({"ISIC_0024306.jpg": b"jpeg1"})
     part2 = zip_bytes({"ISIC_0034320.jpg": b"jpeg2"})
-    meta = b"lesion_id,image_id,dx,dx_type,age,sex,localization,dataset\n"
+    meta = (b"lesion_id,image_id,dx,dx_type,age,sex,localization,dataset\n"
+            b"HAM_1,ISIC_0024306,nv,histo,50,male,back,rosendahl\nHAM_2,ISIC_0034320,mel,histo,60,female,back,rosendahl\n")
     page = serve_dataverse(server, {"HAM10000_images_part_1.zip": part1, "HAM10000_images_part_2.zip": part2,
                                     "HAM10000_metadata": meta}, tabular={"HAM10000_metadata"})
     # the registered HAM10000 sources, pointed at the local server

@@ -1,6 +1,6 @@
 """Results through DVC: separate targets per pipeline stage, a default remote that needs no setup, and
-the round trip a user makes: run -> push -> fresh clone -> pull -> nothing to do -> a table rebuilds
-from the pulled metrics without training."""
+the round trip a user makes: run -> push -> fresh clone -> pull -> nothing to do -> every table, figure and
+scorecard rebuilds from the pulled files without training, and the report builds."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from infra_support import (
 STAGE_OUTS = {
     "raw": "resources/raw", "weights": "resources/weights", "manifests": "resources/manifests", "splits": "resources/splits",
     "images": "resources/images", "features": "resources/features", "runs": "results/runs", "checkpoints": "results/checkpoints",
-    "embeddings": "results/embeddings", "tables": "results/tables", "figures": "results/figures",
-    "scorecards": "results/scorecards",
+    "downstream": "results/downstream", "embeddings": "results/embeddings", "tables": "results/tables",
+    "figures": "results/figures", "scorecards": "results/scorecards", "evidence": "results/evidence",
 }
 
 
@@ -48,13 +48,10 @@ def test_default_remote_is_a_local_directory_and_pull_skips_heavy_targets():
     spec = importlib.util.spec_from_file_location("dvc_results", REPO / "scripts/dvc-results.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert set(module.DEFAULT_PULL) == {"manifests", "splits", "runs", "embeddings", "tables", "figures", "scorecards"}
+    # everything a table, figure, scorecard, the evidence page or the report is made of, nothing heavy or of the datasets'
+    assert set(module.DEFAULT_PULL) == {"manifests", "splits", "runs", "downstream", "embeddings", "tables", "figures",
+                                        "scorecards", "evidence"}
     assert set(module.DEFAULT_PULL) <= set(STAGE_OUTS)
-
-
-def snakemake(target: str, *flags: str) -> list[str]:
-    # the target goes first: --configfile and --forcerun take every word that follows them
-    return ["snakemake", target, "--cores", "2", *flags, "--configfile", TINY_CONFIG]
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -64,19 +61,29 @@ def job_counts(output: str) -> dict[str, int]:
             if m.group(1) != "total"}
 
 
+SHARING = "tests/data/infra/sharing.yaml"      # the tiny grid + a downstream result, an embedding and the evidence page
+HEAVY = {"download", "prepare", "split", "image_cache", "features", "weights", "train", "downstream", "embed"}
+
+
 @pytest.mark.slow
-def test_push_fresh_clone_pull_then_nothing_to_do_and_tables_rebuild_without_training(tmp_path):
+def test_push_fresh_clone_pull_then_every_output_and_the_report_rebuild_without_training(tmp_path, forkserver):
+    """Issue 34: everything a table, figure, scorecard, the evidence page or the report is made of comes back with a
+    pull (downstream results and embeddings included), so deleting every table, figure and scorecard of a fresh clone
+    and asking for them again runs report jobs only: no training, downstream, download, prepare or feature job, and
+    `snakemake --report` builds. A plain `dvc pull checkpoints` afterwards reruns nothing either."""
     origin = copy_repo(tmp_path / "origin")
-    env = tool_env(origin, tmp_path / "home")
+    env = {**tool_env(origin, tmp_path / "home"), "FEDREPRO_FORKSERVER": str(forkserver)}   # jobs start in < 1 s
     run(["git", "init", "-q", "-b", "main"], origin, env)
     run(["git", "add", "-A"], origin, env)
     run(["git", "commit", "-q", "-m", "checkout"], origin, env)
-    push = ["python", "scripts/dvc-results.py", "push", "--", "--configfile", TINY_CONFIG]
+    configs = ["--configfile", TINY_CONFIG, SHARING]
+    push = ["python", "scripts/dvc-results.py", "push", "--", *configs]
 
     refused = run(push, origin, env, check=False)
     assert refused.returncode == 1 and "job(s) to run" in refused.stderr   # nothing built yet: no push
 
-    run(snakemake("all"), origin, env, timeout=900)
+    built = run(["snakemake", "all", "--cores", "2", *configs], origin, env, timeout=1800)
+    assert {"downstream", "embed", "evidence"} <= set(job_counts(built.stdout + built.stderr))
     run(push, origin, env)
     remote = tmp_path / "home/.cache/fedrepro/dvc-store"   # the default remote, `~` = this test's HOME
     assert any(remote.rglob("*")), "nothing was uploaded to the default remote"
@@ -84,21 +91,37 @@ def test_push_fresh_clone_pull_then_nothing_to_do_and_tables_rebuild_without_tra
 
     clone = tmp_path / "clone"
     run(["git", "clone", "-q", str(origin), str(clone)], tmp_path, env)
-    env = tool_env(clone, tmp_path / "home")
+    env = {**tool_env(clone, tmp_path / "home"), "FEDREPRO_FORKSERVER": str(forkserver)}
     assert not (clone / "results/runs").exists()
-    run(["python", "scripts/dvc-results.py", "pull", "--", "--configfile", TINY_CONFIG], clone, env)
-    for stage in ("splits", "runs", "tables", "figures"):
+    run(["python", "scripts/dvc-results.py", "pull", "--", *configs], clone, env)
+    for stage in ("splits", "runs", "downstream", "embeddings", "tables", "figures", "scorecards", "evidence"):
         assert (clone / STAGE_OUTS[stage]).is_dir(), stage
-    for stage in ("raw", "manifests", "features", "checkpoints"):   # the datasets' own data is not pushed; heavy ones stay remote
+    for stage in ("raw", "manifests", "images", "features", "checkpoints"):   # the datasets' own data is not pushed; heavy ones stay remote
         assert not (clone / STAGE_OUTS[stage]).exists(), stage
     assert (clone / TINY_TABLE).read_text() == (origin / TINY_TABLE).read_text()
 
-    dry = run(snakemake("all", "-n"), clone, env)
+    dry = run(["snakemake", "all", "-n", *configs], clone, env)
     assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
 
     metrics_mtime = (clone / TINY_METRICS).stat().st_mtime_ns
-    (clone / TINY_TABLE).unlink()
-    rebuilt = run(snakemake(TINY_TABLE), clone, env)
-    assert job_counts(rebuilt.stdout + rebuilt.stderr) == {"table": 1}   # no train, no split, no download
-    assert (clone / TINY_TABLE).read_text() == (origin / TINY_TABLE).read_text()
+    made = {p.relative_to(clone / "results") for kind in ("tables", "figures", "scorecards")
+            for p in (clone / "results" / kind).rglob("*") if p.is_file()}
+    for path in made:
+        (clone / "results" / path).unlink()
+    rebuilt = run(["snakemake", "all", "--cores", "2", *configs], clone, env)
+    jobs = job_counts(rebuilt.stdout + rebuilt.stderr)
+    assert not HEAVY & set(jobs), jobs
+    assert jobs == {"table": 2, "figure": 2, "scorecard": 3, "all": 1}, jobs
+    assert made == {p.relative_to(clone / "results") for kind in ("tables", "figures", "scorecards")
+                    for p in (clone / "results" / kind).rglob("*") if p.is_file()}
+    for table in (TINY_TABLE, "results/tables/clean/pretraining/probe.md"):     # the downstream result's table too
+        assert (clone / table).read_text() == (origin / table).read_text()
     assert (clone / TINY_METRICS).stat().st_mtime_ns == metrics_mtime
+
+    report = run(["snakemake", "--report", "results/report.html", *configs], clone, env)
+    assert (clone / "results/report.html").stat().st_size > 10_000, report.stderr[-3000:]
+
+    run(["dvc", "pull", "--quiet", "checkpoints"], clone, env)       # plain DVC: every model.pt newer than what was made from it
+    assert (clone / "results/checkpoints").is_dir()
+    dry = run(["snakemake", "all", "-n", *configs], clone, env)
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]

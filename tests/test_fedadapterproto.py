@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from conftest import build_image_caches, draw_figure
+from fedrepro import paths
 from fedrepro.config import load_project
 from fedrepro.data.datasets.fundus import circle_crop
 from fedrepro.data.download import ManualStepRequired, download_dataset
@@ -461,11 +462,33 @@ def authors_fundus_split(meta: pd.DataFrame, num_users: int) -> tuple[list[list[
     return [rows(p) for p in positions("train")], rows(positions("test")[0])
 
 
+def prepared_eyepacs_aptos(tmp_path: Path, meta: pd.DataFrame, aptos_codes: list[str]) -> pd.DataFrame:
+    """The eyepacs_aptos manifest the real preparers build from an EyePACS metadata table (a disc image per row)
+    and a few APTOS images, at 8 px."""
+    from fedrepro.data.manifest import read_manifest, write_manifest
+
+    base = tmp_path / "raw" / "eyepacs"
+    for path in meta["image_path"]:
+        write_disc(base / path)
+    meta.to_csv(base / "metadata.csv", index=False)
+    aptos = tmp_path / "raw" / "aptos2019"
+    (aptos / "train_images").mkdir(parents=True)
+    pd.DataFrame({"id_code": aptos_codes, "diagnosis": [2 * (i % 2) for i in range(len(aptos_codes))]}).to_csv(
+        aptos / "train.csv", index=False)
+    for code in aptos_codes:
+        write_disc(aptos / "train_images" / f"{code}.png")
+    manifests = tmp_path / "manifests"
+    for name in ("eyepacs", "aptos2019", "eyepacs_aptos"):
+        spec = dataset(name)
+        if "crop_size" in spec.options:
+            spec = replace(spec, options={**spec.options, "crop_size": 8})
+        write_manifest(manifests / f"{name}.csv", prepare_dataset(spec, tmp_path / "raw", manifests))
+    return read_manifest(manifests / "eyepacs_aptos.csv")
+
+
 def test_authors_indexing_reads_the_metadata_order_through_the_real_preparers(tmp_path):
     """The same images leak as in the official code: positions index the authors' table (metadata
     file order, rows without a site included), not the manifest (sorted by path)."""
-    from fedrepro.data.manifest import read_manifest, write_manifest
-
     gen = np.random.default_rng(3)
     sizes = {"11": 9, "7": 8, "30": 7, "4": 6, "25": 5, "9": 2}
     sites = np.array([s for s, n in sizes.items() for _ in range(n)] + [None] * 3)
@@ -475,22 +498,7 @@ def test_authors_indexing_reads_the_metadata_order_through_the_real_preparers(tm
                          "session_image_quality": "Good", "diagnosis_image_dr_level": gen.integers(0, 5, len(sites)),
                          "clinical_siteIdentifier": sites})
     meta.loc[[2, 17], "session_image_quality"] = "Insufficient for Full Interpretation"     # filtered out
-    base = tmp_path / "raw" / "eyepacs"
-    for path in meta["image_path"]:
-        write_disc(base / path)
-    meta.to_csv(base / "metadata.csv", index=False)
-    aptos = tmp_path / "raw" / "aptos2019"
-    pd.DataFrame({"id_code": ["x1", "x2"], "diagnosis": [0, 2]}).to_csv(aptos.mkdir(parents=True) or aptos / "train.csv",
-                                                                         index=False)
-    for code in ("x1", "x2"):
-        write_disc(aptos / "train_images" / f"{code}.png")
-    manifests = tmp_path / "manifests"
-    for name in ("eyepacs", "aptos2019", "eyepacs_aptos"):
-        spec = dataset(name)
-        if "crop_size" in spec.options:
-            spec = replace(spec, options={**spec.options, "crop_size": 8})
-        write_manifest(manifests / f"{name}.csv", prepare_dataset(spec, tmp_path / "raw", manifests))
-    manifest = read_manifest(manifests / "eyepacs_aptos.csv")
+    manifest = prepared_eyepacs_aptos(tmp_path, meta, ["x1", "x2"])
     assert manifest["path"].is_monotonic_increasing and (manifest["source"] == "").sum() == 3
 
     spec = {"kind": "sites_authors_index", "clients": 4, "external": {"sources": ["aptos2019"]},
@@ -622,8 +630,8 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
 
     build_image_caches(run)
     run["train"].update(rounds=1, eval_every=1, local={**run["train"]["local"], "steps": 2})    # shorter than the demo
-    summary = train_run(run, f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
-    metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
+    summary = train_run(run, paths.run_dir(key), paths.checkpoint_dir(key))
+    metrics = json.loads(Path(paths.run_file(key)).read_text())
     assert metrics == json.loads(json.dumps(summary))
     for c in range(3):
         for where, n in (("global", wanted[3]), ("external", wanted[4])):
@@ -631,8 +639,8 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
             assert result["n"] == n and 0.0 <= result["acc"] <= 1.0
     model = sum(p.numel() for p in model_class(run["train"]["model"]["family"])(run["train"]["model"], ["a", "b"], {}).build().parameters())
     assert 0 < metrics["comm"]["params_per_client_round"] < 0.2 * 2 * model   # adapters + prototype layer only
-    assert Path(f"results/checkpoints/{key.path}/model.pt").is_file()
-    assert not Path(f"results/checkpoints/{key.path}/resume.pt").exists()
+    assert Path(paths.model_file(key)).is_file()
+    assert not Path(paths.checkpoint_dir(key), "resume.pt").exists()
 
     draw_figure(project, "fedadapterproto", "fig4", tmp_path / "fig4.png")
     assert (tmp_path / "fig4.png").stat().st_size > 10_000 and (tmp_path / "fig4.pdf").is_file()

@@ -19,6 +19,7 @@ import torch
 
 from conftest import build_image_caches
 from dicom_files import write_dicom
+from fedrepro import paths
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)   # the demo jobs run single-threaded too; on a shared 2-core machine more threads only contend
@@ -663,8 +664,11 @@ def test_mimic_preparer_on_fake_layout(tmp_path):
     from fedrepro.registry import dataset
 
     base = tmp_path / "raw" / "mimic_cxr"
-    report = "EXAMINATION: chest\n\nFINDINGS: Mild pulmonary edema. No effusion.\n\nIMPRESSION: Edema, improved.\n"
-    studies = {50000001: report, 50000002: "FINDINGS: Clear lungs, no acute process.\nIMPRESSION: Normal chest.", 50000003: "FINDINGS: ok."}
+    # MIMIC-CXR's layout: a title line, then every line indented by one space (MIT-LCP's headings need the indent)
+    title = "                                 FINAL REPORT\n"
+    report = title + " EXAMINATION: chest\n \n FINDINGS: Mild pulmonary edema. No effusion.\n \n IMPRESSION: Edema, improved.\n"
+    studies = {50000001: report, 50000002: title + " FINDINGS: Clear lungs, no acute process.\n IMPRESSION: Normal chest.",
+               50000003: title + " FINDINGS: ok."}
     for study, text in studies.items():
         (base / "files/p10/p10000001").mkdir(parents=True, exist_ok=True)
         (base / f"files/p10/p10000001/s{study}.txt").write_text(text)
@@ -700,8 +704,8 @@ def test_mimic_captions_are_joined_as_the_code_joins_them():
     sentences of one token dropped) and ``get_caption`` (the sentences joined with spaces)."""
     from fedrepro.data.datasets.chest import report_caption
 
-    report = ("FINDINGS: 1. Heart size is\nnormal. 2. Lungs clear. Stable.\n\n"
-              "IMPRESSION: No acute ___ process. Résumé fine.\n")
+    report = ("                                 FINAL REPORT\n FINDINGS: 1. Heart size is\n normal. 2. Lungs clear. Stable.\n \n"
+              " IMPRESSION: No acute ___ process. Résumé fine.\n")
     assert report_caption(report) == "no acute ___ process rsum fine heart size is normal lungs clear"
 
 
@@ -770,8 +774,16 @@ def test_covidx_and_retina_preparers(tmp_path):
     (raw / "messidor" / "Base11").mkdir(parents=True)
     pd.DataFrame({"Image name": ["m1.tif", "m2.tif"], "Ophthalmologic department": ["LaTIM"] * 2,
                   "Retinopathy grade": [0, 2], "Risk of macular edema ": [0, 2]}).to_csv(raw / "messidor/Base11/Annotation_Base11.csv", index=False)
+    header = "Image name,Ophthalmologic department,Retinopathy grade,Risk of macular edema \n"
+    for part in ("12", "13", "14", "21", "22", "23", "24", "31", "32", "33", "34"):   # every part is needed; these list none
+        (raw / f"messidor/Base{part}").mkdir()
+        (raw / f"messidor/Base{part}/Annotation_Base{part}.csv").write_text(header)
     (raw / "brset" / "fundus_photos").mkdir(parents=True)
     pd.DataFrame({"image_id": ["img00001"], "patient_id": [1], "DR_ICDR": [4], "macular_edema": [1]}).to_csv(raw / "brset/labels.csv", index=False)
+    for image in ("messidor/Base11/m1.tif", "messidor/Base11/m2.tif", "brset/fundus_photos/img00001.jpg",
+                  "mbrset/images/1.1.jpg", "mbrset/images/1.2.jpg", "mbrset/images/2.1.jpg"):   # listed images are there
+        (raw / image).parent.mkdir(parents=True, exist_ok=True)
+        (raw / image).write_bytes(b"image")
     manifests = tmp_path / "resources" / "manifests"
     for name in ("messidor", "brset"):
         write_manifest(manifests / f"{name}.csv", prepare_dataset(dataset(name), raw))
@@ -782,7 +794,6 @@ def test_covidx_and_retina_preparers(tmp_path):
                                           "brset/fundus_photos/img00001.jpg": "brset"}
     assert retina["label"].tolist() == [1, 0, 1]
 
-    (raw / "mbrset" / "images").mkdir(parents=True)
     pd.DataFrame({"file": ["1.1.jpg", "1.2.jpg", "2.1.jpg"], "patient": [1, 1, 2], "final_icdr": [0, 3, np.nan],
                   "final_edema": ["no", "yes", "no"]}).to_csv(raw / "mbrset/labels_mbrset.csv", index=False)
     mb = prepare_dataset(dataset("mbrset"), raw).set_index("path")
@@ -1005,7 +1016,7 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
     split = make_split(read_manifest(run["paths"]["manifest"]), spec["spec"], spec["seed"])
     write_json(run["paths"]["split"], {"dataset": "demo_vlp", "spec": spec["spec"], "seed": spec["seed"],
                                        "manifest_sha256": sha256_file(run["paths"]["manifest"]), **split.to_json()})
-    out, ckpt = Path("results/runs") / key.path, Path("results/checkpoints") / key.path
+    out, ckpt = Path(paths.run_dir(key)), Path(paths.checkpoint_dir(key))
     build_image_caches(run)
     run["algorithm"]["params"].update(stage1_steps=1, stage2_steps=1)        # shorter turns than the demo's
     summary = train_run(run, out, ckpt)
@@ -1022,12 +1033,12 @@ def test_demo_pretraining_and_downstream_end_to_end(tmp_path, monkeypatch, demo_
 
     for task, metric in (("cls", "acc"), ("seg", "dice")):
         job = demo_project.resolver.downstream_config(key, task)
-        result = run_downstream(job, Path("results/downstream") / key.path / f"{task}.json")
+        result = run_downstream(job, paths.downstream(key, task))
         keys = ["1%", "10%"] if task == "cls" else ["2%", "10%"]
         assert list(result["eval"]) == keys
         assert all(0.0 <= result["eval"][k][metric] <= 1.0 for k in keys)
         assert result["sizes"]["train"][keys[0]] < result["sizes"]["train"][keys[1]]
         assert result["run"]["config_hash"] == run["config_hash"]
         assert result["inputs"]["manifest_sha256"] == sha256_file(job["paths"]["manifest"])    # tables compare it
-    cls = read_json(Path("results/downstream") / key.path / "cls.json")
+    cls = read_json(paths.downstream(key, "cls"))
     assert cls["eval"]["10%"]["n"] == cls["sizes"]["test"]

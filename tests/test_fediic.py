@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from conftest import build_image_caches, draw_figure
 from dicom_files import write_dicom
+from fedrepro import paths
 from fedrepro.data.datasets import demo_sets, head_ct, skin
 from fedrepro.data.partition import SplitError
 from fedrepro.data.splitters.fediic import (
@@ -498,7 +499,9 @@ def test_ct_windowing_and_single_type_selection():
         for t in (*head_ct.ICH_SUBTYPES, "any"):
             rows.append({"ID": f"{image}_{t}", "Label": int(t in positive or (t == "any" and bool(positive)))})
     rows.append(rows[0])                                            # stage 2 has duplicate rows
-    labels = head_ct.single_type_labels(pd.DataFrame(rows))
+    from fedrepro.registry import dataset
+
+    labels = head_ct.single_type_labels(pd.DataFrame(rows), Path("stage_2_train.csv"), dataset("rsna_ich"))
     assert labels.to_dict("records") == [{"image": "ID_a", "subtype": "epidural"}]
 
 
@@ -534,7 +537,7 @@ def test_ich_dicom_reader_reads_rescale_and_the_files_own_window(tmp_path):
     assert head_ct.read_dicom(tmp_path / "b.dcm")[1] == {"slope": 1.0, "intercept": 0.0, "center": 40.0, "width": 80.0}
     truncated = (tmp_path / "a.dcm").read_bytes()[:-2]
     (tmp_path / "c.dcm").write_bytes(truncated)
-    with pytest.raises(ValueError, match=r"c\.dcm.*shorter"):
+    with pytest.raises(ValueError, match=r"c\.dcm: cannot decode its pixel data.*less than expected"):
         head_ct.read_dicom(tmp_path / "c.dcm")
 
 
@@ -581,6 +584,9 @@ def test_real_set_from_ph2_derm7pt_ham_and_isic(tmp_path):
     meta.mkdir(parents=True)
     pd.DataFrame({"case_num": [1, 2, 3], "diagnosis": ["clark nevus", "melanosis", "vascular lesion"],
                   "derm": ["NEL/a.jpg", "NEL/b.jpg", "VL/c.jpg"]}).to_csv(meta / "meta.csv", index=False)
+    for image in ("NEL/a.jpg", "NEL/b.jpg", "VL/c.jpg"):       # every image the table lists must be there
+        (raw / "derm7pt/release_v0/images" / image).parent.mkdir(parents=True, exist_ok=True)
+        (raw / "derm7pt/release_v0/images" / image).write_bytes(b"jpeg")
     derm = prepare_dataset(dataset("derm7pt"), raw)
     assert sorted(derm["class_name"]) == ["MISC", "MISC", "NEV"]
     write_manifest(manifests / "ph2.csv", ph2)
@@ -903,13 +909,13 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
         run = demo_project.resolver.run_config(key)
         build_image_caches(run)
         run["train"].update(rounds=2, local={**run["train"]["local"], "steps": 2})     # shorter than the demo
-        summary = train_run(run, f"results/runs/{key.path}", f"results/checkpoints/{key.path}")
-        metrics = json.loads(Path(f"results/runs/{key.path}/metrics.json").read_text())
+        summary = train_run(run, paths.run_dir(key), paths.checkpoint_dir(key))
+        metrics = json.loads(Path(paths.run_file(key)).read_text())
         assert metrics["run"]["method"] == summary["run"]["method"] == method and metrics["rounds"] == 2
         assert metrics["selection"]["validation"] == "val_pooled"
         assert 0.0 <= metrics["eval"]["global"]["bacc"] <= 1.0 and metrics["eval"]["global"]["n"] == 204
-        assert Path(f"results/checkpoints/{key.path}/model.pt").exists()
-        assert not Path(f"results/checkpoints/{key.path}/resume.pt").exists()
+        assert Path(paths.model_file(key)).exists()
+        assert not Path(paths.checkpoint_dir(key), "resume.pt").exists()
     write_table(make_table(table_item(demo_project, "clean", "fediic", "imbalance")), "results/tables/fediic/imbalance.md", "std")
     balance = pd.read_csv("results/tables/fediic/imbalance.csv")
     ratio = balance[balance["column"] == "imbalance ratio"]["mean"]

@@ -144,3 +144,13 @@ def test_pathological_clients_hold_disjoint_class_sets():
 def test_unknown_kind_lists_allowed():
     with pytest.raises(SplitError, match="allowed:.*dirichlet"):
         make_split(toy_manifest(), {"kind": "dirichlett", "clients": 2}, 0)
+
+
+def test_more_clients_than_images_is_a_short_message():
+    """``clients: 5000`` on a dozen images: one short line saying so (it listed every empty client: 80 KB)."""
+    manifest = pd.DataFrame({"path": [f"p{i}.png" for i in range(12)], "label": [i % 3 for i in range(12)],
+                             "class_name": ["a"] * 12, "source": [""] * 12, "split": [""] * 12})
+    with pytest.raises(SplitError) as err:
+        make_split(manifest, {"kind": "iid", "clients": 5000}, 0)
+    text = str(err.value)
+    assert len(text) < 1000 and "of 5000 clients" in text and "5000 clients for the 12 images" in text

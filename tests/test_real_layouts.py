@@ -258,6 +258,49 @@ def test_ich_placed_by_hand_with_the_top_folder_and_moved_files_are_not_unpacked
     assert len(prepare_dataset(dataset("rsna_ich"), raw2)) == 6
 
 
+TOP_FOLDER_SETS = [(name, s) for name in ("rsna_ich", "rsna_pneumonia", "aptos2019") for s in dataset(name).sources if s.top]
+
+
+@pytest.mark.parametrize("name,source", TOP_FOLDER_SETS, ids=[n for n, _ in TOP_FOLDER_SETS])
+def test_a_tree_unpacked_by_hand_with_its_top_folder_is_never_unpacked_again(tmp_path, monkeypatch, name, source):
+    """Unzipped by hand keeping the archive's top folder, the archive still in downloads/ and no .unpacked
+    marker: recognised by its contents, nothing written (no second copy of 450 GB); with files missing and
+    the disk short of space, the message says what is already there; with space, only what is missing is
+    written, into the same tree."""
+    raw = tmp_path / "raw"
+    LAYOUTS[name](raw)
+    base = raw / name
+    archive = base / "downloads" / source.filename
+    with zipfile.ZipFile(archive) as zf:                      # the fixtures' archives: re-zipped below the top folder
+        members = {n: zf.read(n) for n in zf.namelist()}
+    archive.write_bytes(zip_bytes({n if n.startswith(source.top + "/") else f"{source.top}/{n}": d for n, d in members.items()}))
+    with zipfile.ZipFile(archive) as zf:
+        zf.extractall(base)                                    # as a user's unzip does it
+    tree = base / source.top
+    stamps = {p: p.stat().st_mtime_ns for p in tree.rglob("*") if p.is_file()}
+    download.download_dataset(dataset(name), raw, env=NO_CREDENTIALS)
+    assert (base / ".complete").exists() and download.unpacked_marker(archive).exists()
+    assert {p: p.stat().st_mtime_ns for p in tree.rglob("*") if p.is_file()} == stamps
+    assert sorted(p.name for p in base.iterdir() if p.is_dir()) == sorted(["downloads", source.top])   # nothing beside it
+    # half of its files gone, and no space: the message says what is there, and writes nothing
+    (base / ".complete").unlink()
+    download.unpacked_marker(archive).unlink()
+    gone = sorted(p for p in tree.rglob("*") if p.is_file())[::2]
+    for p in gone:
+        p.unlink()
+    monkeypatch.setattr(download, "free_bytes", lambda path: 10)
+    with pytest.raises(NotEnoughSpace) as err:
+        download.download_dataset(dataset(name), raw, env=NO_CREDENTIALS)
+    kept = len(stamps) - len(gone)
+    assert f"{len(gone):,} of {len(stamps):,} files still to write" in str(err.value)
+    assert f"{kept:,} of its files" in str(err.value) and f"already in place under {tree.resolve()} and are kept" in str(err.value)
+    monkeypatch.undo()
+    download.download_dataset(dataset(name), raw, env=NO_CREDENTIALS)
+    assert all(p.is_file() for p in gone) and (base / ".complete").exists()
+    assert sorted(p.name for p in base.iterdir() if p.is_dir()) == sorted(["downloads", source.top])
+    assert len(prepare_dataset(dataset(name), raw)) > 0                  # and the preparer reads it where it is
+
+
 def test_ich_12bit_slices_are_corrected_before_windowing(tmp_path):
     """Every fixture slice is air above brain; the 12-bit unsigned ones (intercept 0) store air as 3096,
     which read as it is would be 3096 HU (white); corrected it is -1000 HU (black), like the others."""
@@ -306,6 +349,7 @@ def test_hyperkvasir_warns_where_its_label_table_and_folders_disagree_and_keeps_
     root = raw / "hyperkvasir" / "hyper-kvasir" / "labeled-images"
     next((root / "lower-gi-tract" / "anatomical-landmarks" / "cecum").glob("*.jpg")).unlink()    # a partial unpack
     caplog.set_level(logging.WARNING, logger="fedrepro.data.datasets.endoscopy")
+    caplog.clear()                                             # the download step's check warned already
     manifest = prepare_dataset(dataset("hyperkvasir"), raw)
     [record] = caplog.records
     message = record.getMessage()
@@ -350,7 +394,7 @@ def test_kaggle_and_physionet_downloads_resume(server, monkeypatch, tmp_path, ki
     archive = zip_bytes({"big.bin": big})
     server.files[served], server.etags[served], server.cut[served] = archive, '"v1"', (5 << 20) // 2
     target = tmp_path / spec.name / "downloads" / source.filename
-    with pytest.raises(DownloadError, match="run again to resume"):
+    with pytest.raises(DownloadError, match="again to resume"):
         download.fetch_source(spec, source, tmp_path / spec.name, env)
     part = target.with_name(target.name + ".part")
     kept = part.stat().st_size
@@ -381,8 +425,27 @@ def test_download_check_reports_without_changing_anything(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_cli("download", "mimic_cxr", "--raw-dir", raw, "--check")
     out = capsys.readouterr().out
-    assert "mimic-cxr-reports.zip: MISSING" in out and "mimic-cxr-2.0.0-metadata.csv.gz: archive present, no digest" in out
+    assert "mimic-cxr-reports.zip: MISSING" in out and "mimic-cxr-2.0.0-metadata.csv.gz: archive whole, no digest" in out
     assert sorted((str(p), p.stat().st_mtime_ns) for p in raw.rglob("*")) == before   # nothing recorded, nothing unpacked
+
+
+def test_download_check_names_an_image_its_tables_list_but_that_is_missing(tmp_path, capsys):
+    """MESSIDOR's twelve parts are all there, but one image an annotation table lists is not: --check says which,
+    changing nothing, and the download refuses to mark the dataset complete."""
+    raw = tmp_path / "raw"
+    real_layouts.messidor(raw)
+    image = sorted((raw / "messidor" / "Base23").glob("*.tif"))[0]
+    image.unlink()
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in raw.rglob("*"))
+    with pytest.raises(SystemExit):
+        run_cli("download", "messidor", "--raw-dir", raw, "--check")
+    out = capsys.readouterr().out
+    assert "1 of the 2 files listed in" in out and "Annotation_Base23.xls" in out and image.name in out
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in raw.rglob("*")) == before
+    with pytest.raises(DownloadError, match=rf"messidor: 1 of the 2 files listed in .*Annotation_Base23\.xls.*{image.name}"
+                                            rf"(.|\n)*Nothing is marked complete"):
+        download.download_dataset(dataset("messidor"), raw, env=NO_CREDENTIALS)
+    assert not (raw / "messidor" / ".complete").exists()
 
 
 def manual_sources() -> list[tuple[str, int]]:

@@ -30,6 +30,7 @@ from infra_support import (
 )
 
 PROFILE = REPO / "workflow/profiles/slurm/config.yaml"
+FIXTURE = REPO / "tests/data/throughput/fixture-gpu.csv"    # a hand-written throughput table, not a measurement
 CI_PROFILE = REPO / "workflow/profiles/ci-slurm/config.yaml"
 SLURM_PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client")
 JOBCOMP_LOG = Path("/var/log/slurm/jobcomp.log")
@@ -93,6 +94,67 @@ def test_gpu_rules_ask_for_gpus_and_retries_get_more_time_and_memory(tmp_path):
     ci = dry_run_resources(repo, env, "--profile", "slurm", "--profile", "workflow/profiles/ci-slurm")
     assert ci["features"]["gpu"] == "0" and "gpu_model" not in ci["features"]
     assert ci["features"]["slurm_partition"] == "debug"
+
+
+def dry_run_jobs(repo: Path, env: dict, target: str, *flags: str) -> tuple[list[dict], str]:
+    """([{rule, wildcards, resources}] of every job `snakemake -n <target>` plans, its stderr) for FACMIC with seed 0."""
+    proc = run(["snakemake", target, "-n", *flags, "--configfile", "config/config.yaml", "seed0.yaml"], repo, env)
+    jobs = []
+    for block in re.split(r"\n(?=\s*(?:local)?rule \w+:)", proc.stdout):
+        rule = re.match(r"\s*(?:local)?rule (\w+):", block)
+        resources = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if rule and resources:
+            wildcards = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+            jobs.append({"rule": rule[1], "resources": dict(i.split("=", 1) for i in resources[1].split(", ")),
+                         "wildcards": dict(i.split("=", 1) for i in wildcards[1].split(", ")) if wildcards else {}})
+    return jobs, proc.stderr
+
+
+def test_runtime_and_gpu_memory_follow_the_profiles_gpu_table(tmp_path, monkeypatch):
+    """Without a throughput table of the profile's GPU the rules ask for the unmeasured guesses; with one
+    (tests/data/throughput/fixture-gpu.csv, hand-written) each train job asks for what fedrepro.cost derives
+    from its rates, and a retry for twice the time."""
+    from fedrepro import cost, throughput
+    from fedrepro.config import load_project
+    from fedrepro.fl.memory import planned
+
+    repo = copy_repo(tmp_path / "repo")
+    env = tool_env(repo, tmp_path / "home")
+    (repo / "seed0.yaml").write_text("seeds: [0]\n")
+    target = "results/tables/clean/facmic/table5.md"
+    guessed, notes = dry_run_jobs(repo, env, target, "--profile", "slurm")
+    assert "no throughput table of GPU 'a100' in benchmarks/gpu/" in notes and "unmeasured guesses" in notes
+    runtime = {(j["rule"], j["resources"].get("gpu")): j["resources"]["runtime"] for j in guessed}
+    assert runtime[("train", "1")] == "720" and runtime[("train", "0")] == "15"
+    assert runtime[("features", "1")] == "120" and runtime[("image_cache", None)] == "240"
+
+    (repo / "benchmarks/gpu").mkdir(exist_ok=True)
+    (repo / "benchmarks/gpu/fixture-gpu.csv").write_bytes(FIXTURE.read_bytes())
+    profile = repo / "workflow/profiles/slurm/config.yaml"
+    profile.write_text(profile.read_text().replace('gpu_model: "a100"', 'gpu_model: "fixture"'))   # EDIT 3
+    measured, notes = dry_run_jobs(repo, env, target, "--profile", "slurm")
+    assert "SLURM requests: GPU 'fixture': Fixture GPU (hand-written for the tests, not measured)" in notes
+    retried, _ = dry_run_jobs(repo, env, target, "--profile", "slurm", "--attempt", "2")
+
+    monkeypatch.chdir(repo)       # what the rules read (split files, dataset sizes) is relative to the root
+    project = load_project([repo / "config/config.yaml", repo / "seed0.yaml"], root=repo)
+    table = throughput.read(repo / "benchmarks/gpu/fixture-gpu.csv")
+    images = [j for j in measured if j["rule"] == "train" and j["resources"]["gpu"] == "1"]
+    assert images
+    for job in images:
+        w = job["wildcards"]
+        key = project.resolver.run_key(w["paper"], w["setting"], w["method"], int(w["seed"]), w["protocol"])
+        request = cost.train_request(project, key, planned(project, key, workers=project.config["image_run_threads"] - 1),
+                                     table)
+        assert request.measured and int(job["resources"]["runtime"]) == request.runtime != 720, w
+        assert int(job["resources"]["gpu_mem_mb"]) == request.gpu_mem_mb, w
+        again = next(r for r in retried if r["wildcards"] == w and r["rule"] == "train")
+        assert int(again["resources"]["runtime"]) == 2 * request.runtime
+    features = [j for j in measured if j["rule"] == "features"]
+    assert features and all(j["resources"]["runtime"] != "120" and int(j["resources"]["gpu_mem_mb"]) > 0
+                            for j in features)
+    assert all(j["resources"]["runtime"] != "240" for j in measured if j["rule"] == "image_cache")
+    assert all(j["resources"]["runtime"] == "15" for j in measured if j["rule"] == "train" and j["resources"]["gpu"] == "0")
 
 
 # --------------------------------------------------------------------------------------------

@@ -489,6 +489,41 @@ def test_full_grid_dry_run_fetches_weights_locally_before_the_jobs_that_need_the
     assert "weights" in {name.strip(" ,") for block in declared for name in block.split()}
 
 
+def test_fetching_weights_through_the_workflow_plans_weights_jobs_only(tmp_path):
+    """Issue 34: the workflow command README, docs/cluster-and-cache.md and the weights error message give for "fetch
+    every resource" plans weights jobs and nothing else (`--until weights all` planned the whole grid: `--until` reads
+    `all` as a second rule), and `--until ... all` itself is refused before any job, with the command that was meant."""
+    import shlex
+
+    from fedrepro.config import load_project
+    from infra_support import copy_repo, run, tool_env
+
+    repo = copy_repo(tmp_path / "repo")
+    env = tool_env(repo, tmp_path / "home")
+    commands = set()
+    for doc in ("README.md", "docs/cluster-and-cache.md"):
+        shown = re.findall(r"^(snakemake [^#\n]*?)\s+# the same through the workflow", (ROOT / doc).read_text(), flags=re.MULTILINE)
+        assert len(shown) == 1, doc
+        commands |= set(shown)
+    message = W.fetch_command(WeightSpec.from_id("open_clip--ViT-B-16--openai"))
+    commands |= set(re.findall(r"`(snakemake [^`]*)` fetches every resource", message))
+    assert len(commands) == 2, commands                                  # the docs' and the message's (--cores 1)
+    wanted = set(load_project([ROOT / "config/config.yaml"], root=ROOT).plan.weights())
+    for command in sorted(commands):
+        jobs = _dry_run_jobs(run([*shlex.split(command), "-n"], repo, env, timeout=300).stdout)
+        assert {j["rule"] for j in jobs} == {"weights", "all_weights"}, command
+        fetched = {re.fullmatch(r"resources/weights/(.+)/weights\.json", j["output"]).group(1) for j in jobs if j["rule"] == "weights"}
+        assert fetched == wanted, command
+
+    trap = run(["snakemake", "--cores", "2", "--until", "weights", "all", "-n"], repo, env, timeout=300, check=False)
+    text = trap.stdout + trap.stderr
+    assert trap.returncode != 0 and "rule train:" not in text and "rule download:" not in text
+    assert "`--until` was given `all`" in text and "`snakemake all --until weights`" in text
+    assert "`snakemake --cores 2 all_weights`" in text
+    first = _dry_run_jobs(run(["snakemake", "all", "--cores", "2", "--until", "weights", "-n"], repo, env, timeout=300).stdout)
+    assert {j["rule"] for j in first} == {"weights"}                   # the target first: what was meant
+
+
 def test_a_truncated_local_copy_stops_the_workflow_before_any_job_is_submitted(tmp_path):
     from infra_support import copy_repo, run, tool_env
 

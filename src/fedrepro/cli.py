@@ -27,31 +27,46 @@ def cmd_download(args) -> None:
         if not complete:
             raise SystemExit(f"{spec.name} is not complete under {Path(args.raw_dir) / spec.name} (see above)")
         return
-    download.download_dataset(spec, Path(args.raw_dir))
+    download.download_dataset(spec, Path(args.raw_dir), reverify=args.reverify)
 
 
 def cmd_prepare(args) -> None:
     import pandas as pd
 
     from .data.images import find_corrupt
-    from .data.manifest import write_manifest
-    from .data.prepare import prepare_dataset
+    from .data.manifest import ManifestError, write_manifest
+    from .data.prepare import prepare_dataset, unreadable
     from .io import write_csv
     from .registry import dataset
 
     spec = dataset(args.dataset)
-    manifest = prepare_dataset(spec, Path(args.raw_dir), manifest_dir=Path(args.out).parent)
-    bad = find_corrupt(Path(args.raw_dir), manifest["path"].tolist(), progress=True, workers=args.workers) if args.verify else []
+    again = f"fedrepro prepare {spec.name} --raw-dir {args.raw_dir} --out {args.out}"
+    try:
+        manifest = prepare_dataset(spec, Path(args.raw_dir), manifest_dir=Path(args.out).parent)
+    except (ManifestError, FileNotFoundError) as error:   # a table or a listed file: say which dataset, and what next
+        raise ManifestError(f"{spec.name}: {error}\nOnce that is fixed, run `{again}` (or Snakemake again); "
+                            f"`fedrepro download {spec.name} --raw-dir {args.raw_dir} --check` reports on the whole "
+                            f"tree.") from None
+    known = unreadable(manifest)                     # files the preparer could not convert (a damaged DICOM, ...)
+    listed = {p for p, _ in known}
+    rest = [p for p in manifest["path"] if p not in listed]
+    bad = known + (find_corrupt(Path(args.raw_dir), rest, progress=True, workers=args.workers) if args.verify else [])
     report = Path(args.out).with_suffix(".skipped.csv")
     if bad and args.corrupt == "error":
-        listing = "\n".join(f"  {p}: {why}" for p, why in bad[:20])
+        listing = "\n".join(f"  {p}: {why}" for p, why in bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
         raise SystemExit(f"{len(bad)} unreadable image(s) in {spec.name}:\n{listing}\n"
-                         f"Replace them, or set data.corrupt_images: skip to leave them out (listed in {report}).")
+                         f"Replace them, or set data.corrupt_images: skip to leave them out (listed in {report}); "
+                         f"then run `{again} --corrupt skip` (or Snakemake again).")
     write_csv(report, pd.DataFrame(bad, columns=["path", "reason"]))
     manifest = manifest[~manifest["path"].isin({p for p, _ in bad})].reset_index(drop=True)
+    if manifest.empty:
+        raise ManifestError(f"{spec.name}: every one of its {len(bad)} images is unreadable (listed in {report})")
     write_manifest(args.out, manifest)
-    logging.getLogger("fedrepro").info("%s: %d images, %d classes, %d left out", spec.name, len(manifest),
-                                       manifest["label"].nunique(), len(bad))
+    logging.getLogger("fedrepro").info("%s: %d images, %d classes, %d left out%s", spec.name, len(manifest),
+                                       manifest["label"].nunique(), len(bad),
+                                       f" (listed in {report})" if bad else "")
+    for path, why in bad[:20]:
+        logging.getLogger("fedrepro").warning("%s: left out %s: %s", spec.name, path, why)
 
 
 def cmd_split(args) -> None:
@@ -66,7 +81,7 @@ def cmd_split(args) -> None:
     kept = task_classes(everything, spec)
     classes = [everything[c] for c in kept]
     manifest = read_manifest(args.manifest)
-    split = make_split(manifest, spec, args.seed)
+    split = make_split(manifest, spec, args.seed, list(dataset(args.dataset).class_texts))
     out = Path(args.out)
     counts = count_table(split, manifest, classes, kept)
     write_csv(out.with_suffix(".counts.csv"), counts)
@@ -155,13 +170,16 @@ def cmd_scorecard(args) -> None:
     project = _project(args)
     check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
-    tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"))
+    tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"),
+               project.papers[paper]["tables"][table].get("kind", "runs"))
               for protocol, paper, table in project.plan.tables() if paper in papers]
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
     stand_ins = [f"{project.papers[p]['title']}: {stand_in(project, p).rstrip('.')}." for p in papers if stand_in(project, p)]
-    scorecard.write(scorecard.build(tables), title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")),
-                    stand_ins)
+    added = project.extension.added if project.extension else {}
+    card = scorecard.build(tables, {(paper, table): added[(paper, table)] for paper, table, *_ in tables
+                                    if (paper, table) in added})
+    scorecard.write(card, title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), stand_ins)
 
 
 def cmd_evidence(args) -> None:
@@ -226,13 +244,25 @@ def cmd_weights(args) -> None:
 
 
 def cmd_estimate(args) -> None:
-    from .config import ConfigError, load_project
+    from . import cost, estimate
+    from .config import ConfigError, check_choice, load_project
     from .fl.memory import fmt, planned
+    from .throughput import choose
 
     project = load_project(args.configfile or None)
+    authors = cost.AuthorsWay(args.authors_loader_cores, args.decode_img_s)
+    if args.paper and not args.setting and (args.paper == "all" or "/" in args.paper or "." in args.paper):
+        target = estimate.resolve(project, args.paper)          # a file snakemake builds, or all
+        table, why = choose(args.throughput, args.gpu)
+        print("\n".join(estimate.summary(project, target, table, why, authors)))
+        return
     if args.paper:
+        check_choice(args.paper, project.papers, "fedrepro estimate: paper")
         if not (args.setting and args.method):
-            raise ConfigError("fedrepro estimate <paper> <setting> <method>: give all three (or none for the grid)")
+            raise ConfigError("fedrepro estimate <paper> <setting> <method>: give all three, a target file (e.g. "
+                              "results/tables/clean/facmic/table2.md), or nothing for a line per run of the grid")
+        check_choice(args.setting, project.papers[args.paper]["settings"], f"fedrepro estimate: setting of {args.paper}")
+        check_choice(args.method, project.papers[args.paper]["methods"], f"fedrepro estimate: method of {args.paper}")
         key = project.resolver.run_key(args.paper, args.setting, args.method, args.seed if args.seed is not None else project.seeds[0],
                               args.protocol)
         if key not in set(project.plan.runs()):
@@ -240,6 +270,21 @@ def cmd_estimate(args) -> None:
         est = planned(project, key, args.workers, args.device)
         print("\n".join(est.lines()))
         print(f"request: mem_mb={est.host_mb()}" + (f" gpu_mem_mb={est.gpu_mb()}" if est.gpu else ""))
+        table, why = choose(args.throughput, args.gpu)
+        if table is None:
+            print(f"time: cannot be given in GPU-hours: {why}")
+            return
+        run_cost = cost.run_cost(project, key, table, authors, profile=est.profile)
+        request = cost.train_request(project, key, est, table)
+        for missing in run_cost.missing:
+            print(f"time: not measured: {missing}")
+        if run_cost.ours_s is not None:
+            where = "on the GPU" if run_cost.on_gpu else "(on a CPU in the workflow; at this device's rate)"
+            print(f"time on {table.describe()}: ours {run_cost.ours_s / 3600:.2f} h {where}"
+                  + (f", the authors' way {run_cost.authors_s / 3600:.2f} h" if run_cost.authors_s is not None else "")
+                  + f"; image counts from {run_cost.source}")
+        print(f"SLURM request: runtime={request.runtime} gpu_mem_mb={request.gpu_mem_mb} "
+              + ("(from the measured rates)" if request.measured else f"(a guess{': ' + request.why if request.why else ''})"))
         return
     seen = {}
     for key in project.plan.runs():
@@ -252,6 +297,7 @@ def cmd_estimate(args) -> None:
 
 def cmd_validate(args) -> None:
     from .config import load_project
+    from .registry import plugins_loaded
 
     project = load_project(args.configfile or None)
     runs = project.plan.runs()
@@ -259,6 +305,16 @@ def cmd_validate(args) -> None:
           f"{len(list(project.plan.figures()))} figures, {len(project.plan.splits())} splits, {len(project.plan.features())} feature caches, "
           f"{len(project.plan.downstream_jobs())} downstream evaluations, {len(project.plan.weights())} pretrained weights "
           f"resources (fedrepro weights --list)")
+    for origin, found in plugins_loaded().items():
+        entries = "; ".join(f"{len(names)} {kind}{'s' if len(names) > 1 else ''} ({', '.join(names)})"
+                            for kind, names in found["entries"].items())
+        print(f"{'declared in' if origin == 'config' else f'plug-in {origin}'} ({found['how']}): {entries}")
+    if project.extension:
+        from . import paths
+
+        print(f"extension {project.extension.name}: its tables, scorecards and evidence go to "
+              f"{paths.extension_dir(project.extension.name)}/")
+        print("\n".join(project.extension.notes()))
 
 
 def attach_log(log_file: str | Path) -> None:
@@ -317,6 +373,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--raw-dir", default="resources/raw")
     p.add_argument("--check", action="store_true",
                    help="verify a placed tree (archives' digests, every source's files) without changing anything")
+    p.add_argument("--reverify", action="store_true",
+                   help="an archive whose digest recorded on first use no longer matches (a copy you replaced on "
+                        "purpose) is checked whole again and, if it is, its new digest is recorded")
     p.set_defaults(fn=cmd_download)
 
     p = sub.add_parser("prepare", help="raw layout -> manifest CSV (decodes every image once)")
@@ -404,14 +463,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="verify every file's SHA-256 instead of fetching")
     p.add_argument("--list", action="store_true", help="list the resources and whether they are present")
     p.set_defaults(fn=cmd_weights)
-    p = sub.add_parser("estimate", help="host and GPU memory a run needs, part by part (what the train rule requests)")
-    p.add_argument("paper", nargs="?", help="with setting and method: one run; none: a line per run of the grid")
+    p = sub.add_parser("estimate", help="what a target costs before running it (jobs, GPU-hours, memory), or the "
+                                        "memory a run needs, part by part (what the train rule requests)")
+    p.add_argument("paper", nargs="?", metavar="paper|target",
+                   help="a file snakemake builds (e.g. results/tables/clean/facmic/table2.md) or all: its jobs, GPU-hours "
+                        "and memory; a paper with setting and method: one run; none: a line per run of the grid")
     p.add_argument("setting", nargs="?")
     p.add_argument("method", nargs="?")
     p.add_argument("--seed", type=int, help="default: the first configured seed")
     p.add_argument("--protocol", choices=("clean", "paper"), help="default: the first configured protocol")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: as the job is planned (image runs on a GPU)")
     p.add_argument("--workers", type=int, default=7, help="image loader workers (the train rule's 8 threads - 1)")
+    p.add_argument("--throughput", metavar="CSV", help="a throughput table (default: the table in "
+                                                    "benchmarks/gpu/ of the SLURM profile's GPU model)")
+    p.add_argument("--gpu", help="the GPU model whose table in benchmarks/gpu/ to read (default: the SLURM profile's)")
+    p.add_argument("--authors-loader-cores", type=int,
+                   help="the authors' loader processes (default: their code's, per paper: fedrepro.cost)")
+    p.add_argument("--decode-img-s", type=float, help="the authors' loader: images/s per process (default: the table's)")
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
     p.set_defaults(fn=cmd_estimate)
 
@@ -443,11 +511,14 @@ def main(argv: list[str] | None = None) -> None:
     from .fl.memory import InsufficientMemory
     from .io import BrokenFile, DiskFull, StaleInput
     from .models.weights import WeightsError
+    from .registry import PluginError
+    from .throughput import ThroughputError
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
-            WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput) as error:
+            WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput, ThroughputError,
+            PluginError) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

@@ -44,8 +44,11 @@ def preload() -> None:
 
     from . import cli, embed, features, registry, train  # noqa: F401
 
-    for catalogue in (registry.METHODS, registry.MODELS, registry.DATASETS, registry.SPLITTERS, registry.TABLE_KINDS):
-        catalogue.names()   # imports every method, model, dataset and report module once, here
+    for catalogue in registry.REGISTRIES:
+        # imports every built-in method, model, dataset and report module once, here; plug-ins are each child's
+        # own (its job's FEDREPRO_PLUGINS, and the entry points installed when the job starts)
+        catalogue.load_builtin()
+    _SITE["pth"] = _pth_files()
 
     for optional in ("torchvision", "timm", "open_clip", "transformers", "sklearn.manifold", "scipy.stats",
                      "transformers.models.bert.modeling_bert", "fedrepro.fl.memory"):
@@ -53,6 +56,32 @@ def preload() -> None:
             __import__(optional)
         except ImportError:
             pass
+
+
+_SITE: dict[str, set] = {"pth": set()}
+
+
+def _pth_files() -> set[str]:
+    """The .pth files of the interpreter's site directories (editable installs add one each)."""
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return {str(p) for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.pth")}
+
+
+def refresh_import_path() -> None:
+    """Make a child import what a fresh process of the client's environment would: the folders of the client's
+    PYTHONPATH that the server's path lacks, and what .pth files written since the server started add (a plug-in
+    installed with ``pip install -e`` while the server was running)."""
+    import importlib
+    import site
+
+    for folder in reversed([f for f in os.environ.get("PYTHONPATH", "").split(os.pathsep) if f]):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    for pth in sorted(_pth_files() - _SITE["pth"]):
+        site.addpackage(str(Path(pth).parent), Path(pth).name, None)
+    importlib.invalidate_caches()
 
 
 def _child(conn: socket.socket, listener: socket.socket, request: dict, fds: list[int]) -> None:
@@ -68,6 +97,7 @@ def _child(conn: socket.socket, listener: socket.socket, request: dict, fds: lis
     os.environ.clear()
     os.environ.update(request["env"])
     os.environ.pop(ENV_VAR, None)  # the child runs the command itself
+    refresh_import_path()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
 

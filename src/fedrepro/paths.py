@@ -14,6 +14,9 @@ live side by side and never overwrite each other.
                                                           every file's SHA-256, the source and its revision;
                                                           .fetch.json: when, with which library versions)
     resources/model_profiles/<key>.json                   a model's memory figures (a cache, fedrepro.fl.memory)
+    resources/folder_checks/<dataset>.json                what the check of a folder dataset's files found (a cache)
+    benchmarks/gpu/<device>.csv                           a GPU's measured throughput table (fedrepro.throughput)
+    benchmarks/dataset_sizes.csv                          images per dataset where no split file is there (assumptions)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
     results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt and clients/ while running)
@@ -22,6 +25,7 @@ live side by side and never overwrite each other.
     results/tables/<protocol>/<paper>/<table>.{md,csv,tex,seeds.csv}
     results/figures/<protocol>/<paper>/<figure>.{png,pdf}
     results/scorecards/<paper>.{md,html,csv,png}          (and all.* across papers)
+    results/extensions/<name>/{tables,scorecards,evidence}/...   an extension's reports (same runs; docs/plugins.md)
     logs/<rule>/<job>.log                                 a job's log: every attempt (+ .<job>.log.attempts)
 """
 
@@ -105,9 +109,29 @@ def weights_fetch_record(weights_id: str, root: str = WEIGHTS_DIR) -> str:
     return f"{root}/{weights_id}/.fetch.json"
 
 
+def folder_check(dataset: str) -> str:
+    """What the configuration check found in a folder dataset's files (their fingerprint), so it opens them once."""
+    return f"resources/folder_checks/{dataset}.json"
+
+
 def model_profile(key: str) -> str:
     """A model's and method's memory figures, computed once on the meta device (fedrepro.fl.memory)."""
     return f"resources/model_profiles/{key}.json"
+
+
+THROUGHPUT_DIR = "benchmarks/gpu"
+DATASET_SIZES = "benchmarks/dataset_sizes.csv"
+SLURM_PROFILE = "workflow/profiles/slurm/config.yaml"
+
+
+def throughput_dir() -> str:
+    """Where the GPU throughput tables live (``benchmarks/train_step.py --device cuda`` writes them)."""
+    return THROUGHPUT_DIR
+
+
+def throughput_table(device_slug: str) -> str:
+    """One GPU's throughput table (:func:`fedrepro.throughput.slug` of its device name)."""
+    return f"{THROUGHPUT_DIR}/{device_slug}.csv"
 
 
 def published(relative: str) -> str:
@@ -118,12 +142,29 @@ def published(relative: str) -> str:
 # ---- runs --------------------------------------------------------------------------------------
 
 def use_results_dir(folder: str) -> None:
-    """Every result path below starts with ``folder`` (the configuration's ``results_dir``) from now on."""
+    """Every result path below starts with ``folder`` (the configuration's ``results_dir``) from now on, the reports
+    (tables, figures, scorecards, evidence) too until :func:`use_report_dir` says otherwise."""
     _RESULTS["dir"] = str(folder).rstrip("/")
+    _RESULTS.pop("reports", None)
+
+
+def use_report_dir(folder: str) -> None:
+    """Tables, figures, scorecards and the evidence page go to ``folder`` from now on, runs stay where they are: an
+    extension's reports (``<results_dir>/extensions/<name>``) are made from the same runs as the papers' own."""
+    _RESULTS["reports"] = str(folder).rstrip("/")
 
 
 def results_dir() -> str:
     return _RESULTS["dir"]
+
+
+def report_dir() -> str:
+    return _RESULTS.get("reports", _RESULTS["dir"])
+
+
+def extension_dir(name: str) -> str:
+    """Where an extension's tables, scorecards and evidence page go (``extension.name`` of the configuration)."""
+    return f"{results_dir()}/extensions/{name}"
 
 
 def run_dir(key: RunKey) -> str:
@@ -182,21 +223,21 @@ def downstream_of(path: str) -> tuple[RunKey, str] | None:
 
 def table(protocol: str, paper: str, name: str, suffix: str = ".md") -> str:
     """``suffix``: ``.md``, ``.csv``, ``.tex`` or ``.seeds.csv``."""
-    return f"{results_dir()}/tables/{protocol}/{paper}/{name}{suffix}"
+    return f"{report_dir()}/tables/{protocol}/{paper}/{name}{suffix}"
 
 
 def figure(protocol: str, paper: str, name: str, suffix: str = ".png") -> str:
-    return f"{results_dir()}/figures/{protocol}/{paper}/{name}{suffix}"
+    return f"{report_dir()}/figures/{protocol}/{paper}/{name}{suffix}"
 
 
 def scorecard(paper: str, suffix: str = ".html") -> str:
     """``paper``: a paper, or ``all`` for every paper together."""
-    return f"{results_dir()}/scorecards/{paper}{suffix}"
+    return f"{report_dir()}/scorecards/{paper}{suffix}"
 
 
 def evidence(name: str = "index.html") -> str:
     """The learning-bar evidence page and its files (<results>/evidence/)."""
-    return f"{results_dir()}/evidence/{name}"
+    return f"{report_dir()}/evidence/{name}"
 
 
 def report_mark(target: str) -> str:

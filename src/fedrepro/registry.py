@@ -28,15 +28,36 @@ A registry imports the modules of its packages the first time it is asked (``fed
 ...), so a new module registers itself by existing. The configuration's validation schema for
 methods and model families is generated from ``METHODS`` and ``MODELS`` (:func:`object_schema`);
 ``workflow/schemas`` keeps only the shape of the config files.
+
+**Plug-ins** register with the same decorators from outside the package (docs/plugins.md). After its built-in
+modules, a registry imports every plug-in once per process: the entry points of the group ``fedrepro.plugins`` of
+the installed distributions (Python's convention for plug-ins; an entry point names a module, whose import
+registers, or a function, which is called) and the modules named in ``FEDREPRO_PLUGINS`` (comma-separated; the
+workflow sets it for its jobs from the configuration's ``plugins:``, which :func:`load_plugins` imports as well).
+Every entry remembers where it came from (``Entry.origin``: None for built-ins). A plug-in that fails to import, or
+that registers a name a built-in or another plug-in already has, is a :class:`PluginError` naming both: nothing
+built in is ever replaced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
+import os
 import pkgutil
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+
+ENTRY_POINT_GROUP = "fedrepro.plugins"
+PLUGINS_ENV = "FEDREPRO_PLUGINS"        # comma-separated plug-in modules (the workflow sets it from `plugins:`)
+DATASETS_ENV = "FEDREPRO_DATASETS"      # JSON of the configuration's folder datasets (``datasets:``), for jobs
+
+
+class PluginError(ValueError):
+    """A plug-in that cannot be imported, or that registers a name already taken: the message names the plug-in,
+    the name and what has it."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +65,39 @@ class Entry:
     name: str
     obj: Any
     info: dict = field(default_factory=dict)
+    origin: str | None = None       # the plug-in that registered it (its top-level module); None: built in
 
     def __getitem__(self, key: str) -> Any:
         return self.info[key]
+
+    def describe(self) -> str:
+        """Where the entry comes from, for messages: a plug-in (and its distribution) or the built-in module."""
+        if self.origin is None:
+            return f"the built-in {self.obj.__module__}" if callable(self.obj) else "fedrepro itself (built in)"
+        return f"plug-in {describe_plugin(self.origin)}"
+
+
+# the plug-in being imported right now (:func:`load_plugins`), or None while built-in modules load
+_ORIGIN: list[str | None] = []
+
+
+@contextlib.contextmanager
+def _registering_as(origin: str | None):
+    _ORIGIN.append(origin)
+    try:
+        yield
+    finally:
+        _ORIGIN.pop()
+
+
+def _origin_of(obj: Any) -> str | None:
+    """Who registers ``obj``: for a class or function, the top-level package of the module that defines it (None
+    for fedrepro's own, also when a plug-in's import is what imports them); for anything else (a dataset's
+    declaration), the plug-in being imported."""
+    if callable(obj):
+        module = getattr(obj, "__module__", None) or "fedrepro"
+        return None if module == "fedrepro" or module.startswith(("fedrepro.", "__main__")) else module.split(".")[0]
+    return _ORIGIN[-1] if _ORIGIN else None
 
 
 class Registry:
@@ -56,6 +107,7 @@ class Registry:
         self.kind, self.packages = kind, packages
         self._entries: dict[str, Entry] = {}
         self._loaded = False
+        REGISTRIES.append(self)
 
     def register(self, name: str, **info) -> Callable:
         """Decorator: ``@REGISTRY.register(name, **info)`` above a class or function."""
@@ -64,21 +116,48 @@ class Registry:
             return obj
         return decorate
 
-    def add(self, name: str, obj: Any, **info) -> Any:
-        if name in self._entries and self._entries[name].obj is not obj:
-            where = getattr(self._entries[name].obj, "__module__", "?")
-            raise ValueError(f"{self.kind} {name!r} is registered twice (already by {where})")
-        self._entries[name] = Entry(name, obj, info)
+    def add(self, name: str, obj: Any, origin: str | None = None, **info) -> Any:
+        """Register ``obj`` as ``name``; ``origin``: the plug-in it comes from (default: who is registering, see
+        :func:`_origin_of`). A plug-in's entry is added after the built-ins (loaded first), so that a name it shares
+        with one is refused here, naming both; registering the same object (or an equal one from the same
+        plug-in, e.g. a dataset declared again) again changes nothing."""
+        origin = origin if origin is not None else _origin_of(obj)
+        if origin is not None:
+            self.load_builtin()
+        old = self._entries.get(name)
+        if old is not None and old.obj is not obj and not (old.origin == origin and old.obj == obj):
+            if origin is None and old.origin is None:
+                raise ValueError(f"{self.kind} {name!r} is registered twice (already by {old.describe()})")
+            new = "a built-in module" if origin is None else f"plug-in {describe_plugin(origin)}"
+            raise PluginError(f"{new} registers the {self.kind} {name!r}, which {old.describe()} already registers; "
+                              f"nothing is replaced: give the plug-in's {self.kind} another name "
+                              f"(e.g. {name + '_' + (origin or 'mine').split('.')[0]!r})")
+        self._entries[name] = Entry(name, obj, info, origin)
         return obj
 
-    def _load(self) -> None:
+    def discard(self, name: str, origin: str) -> None:
+        """Remove ``name`` if ``origin`` registered it (a configuration's own declaration, declared anew)."""
+        if name in self._entries and self._entries[name].origin == origin:
+            del self._entries[name]
+
+    def load_builtin(self) -> None:
+        """Import the registry's own packages (once): every built-in entry, and no plug-in."""
         if self._loaded:
             return
         self._loaded = True
-        for package_name in self.packages:
-            package = importlib.import_module(package_name)
-            for module in pkgutil.walk_packages(getattr(package, "__path__", []), prefix=f"{package_name}."):
-                importlib.import_module(module.name)
+        with _registering_as(None):
+            for package_name in self.packages:
+                package = importlib.import_module(package_name)
+                for module in pkgutil.walk_packages(getattr(package, "__path__", []), prefix=f"{package_name}."):
+                    importlib.import_module(module.name)
+
+    def _load(self) -> None:
+        self.load_builtin()
+        load_plugins()
+
+    def plugin_entries(self) -> list[Entry]:
+        """The entries that plug-ins registered."""
+        return [e for e in self.entries() if e.origin is not None]
 
     def get(self, name: str) -> Entry:
         self._load()
@@ -87,7 +166,9 @@ class Registry:
         except KeyError:
             close = difflib.get_close_matches(str(name), list(self._entries), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known: {sorted(self._entries)}") from None
+            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known: {sorted(self._entries)} (a plug-in's is known "
+                           f"once its package is installed (entry point group {ENTRY_POINT_GROUP}) or its module is "
+                           f"named in `plugins:`; docs/plugins.md)") from None
 
     def __contains__(self, name: str) -> bool:
         self._load()
@@ -102,10 +183,12 @@ class Registry:
         return iter(sorted(self._entries.values(), key=lambda e: e.name))
 
 
+REGISTRIES: list[Registry] = []   # every registry below, in this order (filled by Registry.__init__)
+
 METHODS = Registry("method", ("fedrepro.methods",))
 MODELS = Registry("model family", ("fedrepro.models",))
 DATASETS = Registry("dataset", ("fedrepro.data.datasets",))
-PREPARERS = Registry("preparer", ("fedrepro.data.prepare", "fedrepro.data.datasets"))
+PREPARERS = Registry("preparer", ("fedrepro.data.prepare", "fedrepro.data.folder", "fedrepro.data.datasets"))
 SPLITTERS = Registry("splitter", ("fedrepro.data.partition", "fedrepro.data.splitters"))
 BUILDERS = Registry("demo-data builder", ("fedrepro.data.demo",))
 TABLE_KINDS = Registry("table kind", ("fedrepro.report",))
@@ -132,13 +215,21 @@ def object_schema(params: dict | None, required: tuple[str, ...] = ()) -> dict:
     return schema
 
 
-def register_method(name: str, params: dict | None = None) -> Callable:
-    """An FL algorithm (a :class:`fedrepro.fl.method.FederatedMethod`); ``params``: the schema of its
-    ``params`` block (property name -> JSON schema, with defaults)."""
-    return METHODS.register(name, schema=object_schema(params))
-
-
 INPUTS = ("features", "images", "image_text")
+TASKS = ("classification", "retrieval")
+
+
+def register_method(name: str, params: dict | None = None, *, inputs: tuple[str, ...] = INPUTS,
+                    tasks: tuple[str, ...] = TASKS) -> Callable:
+    """An FL algorithm (a :class:`fedrepro.fl.method.FederatedMethod`); ``params``: the schema of its
+    ``params`` block (property name -> JSON schema, with defaults). ``inputs`` and ``tasks``: the model families it
+    can train, by what they train on and how they are scored (default: any); an extension's row of the method
+    (``extension:`` of the configuration) joins only the tables whose runs fit them."""
+    for what, given, allowed in (("inputs", inputs, INPUTS), ("tasks", tasks, TASKS)):
+        unknown = sorted(set(given) - set(allowed))
+        if unknown or not given:
+            raise ValueError(f"method {name!r}: {what} must name some of {list(allowed)}, not {list(given)}")
+    return METHODS.register(name, schema=object_schema(params), inputs=tuple(inputs), tasks=tuple(tasks))
 
 
 def register_model(name: str, *, input: str, params: dict | None = None, decode: Callable | None = None,
@@ -158,9 +249,10 @@ def register_model(name: str, *, input: str, params: dict | None = None, decode:
     return MODELS.register(name, schema=schema, input=input, decode=decode, weights=weights)
 
 
-def register_dataset(spec):
-    """A :class:`fedrepro.data.spec.DatasetSpec`."""
-    return DATASETS.add(spec.name, spec)
+def register_dataset(spec, origin: str | None = None):
+    """A :class:`fedrepro.data.spec.DatasetSpec` (``origin``: the plug-in that declares it, when not the one being
+    imported; ``"config"`` for the configuration's ``datasets:``)."""
+    return DATASETS.add(spec.name, spec, origin=origin)
 
 
 def dataset(name: str):
@@ -168,9 +260,11 @@ def dataset(name: str):
     return DATASETS.get(name).obj
 
 
-def preparer(name: str) -> Callable:
-    """A function ``(spec, raw_root, manifest_dir=None) -> manifest DataFrame`` (raw layout -> manifest)."""
-    return PREPARERS.register(name)
+def preparer(name: str, check: Callable | None = None) -> Callable:
+    """A function ``(spec, raw_root, manifest_dir=None) -> manifest DataFrame`` (raw layout -> manifest).
+    ``check(spec, raw_root)``: what the download step runs before it marks a dataset complete (tables
+    readable, every listed file there) where the preparer itself converts files (default: the preparer)."""
+    return PREPARERS.register(name, check=check)
 
 
 def splitter(name: str) -> Callable:
@@ -207,3 +301,112 @@ def register_weight_source(kind: str) -> Callable:
     """A source of pretrained weights (a :class:`fedrepro.models.weights.WeightSource` subclass):
     how files of ``kind`` are fetched once on a machine with internet, and what a job loads offline."""
     return WEIGHT_SOURCES.register(kind)
+
+
+# ---- plug-ins -----------------------------------------------------------------------------------
+
+_PLUGINS: dict[str, str] = {}      # a plug-in's top-level module -> how it was found (for messages and manifests)
+_IMPORTED: set[str] = set()        # what load_plugins has imported (entry point values, module names)
+_STATE: dict[str, Any] = {"entry_points": False, "datasets": None, "busy": False}
+
+
+def describe_plugin(origin: str) -> str:
+    """``'fedrepro_fedavgm' (entry point fedavgm = fedrepro_fedavgm of fedrepro-fedavgm 0.1.0)``."""
+    return f"{origin!r} ({_PLUGINS[origin]})" if origin in _PLUGINS else repr(origin)
+
+
+def load_plugins(modules=(), where: str | None = None) -> None:
+    """Import every plug-in not imported yet: the entry points of group ``fedrepro.plugins`` (looked up once per
+    process), the modules of ``FEDREPRO_PLUGINS`` and ``modules`` (``where``: what names them, e.g. ``config:
+    plugins``); then register the folder datasets of ``FEDREPRO_DATASETS`` (:mod:`fedrepro.data.folder`)."""
+    if _STATE["busy"]:          # a plug-in that asks a registry while it is being imported
+        return
+    _STATE["busy"] = True
+    try:
+        if not _STATE["entry_points"]:
+            _STATE["entry_points"] = True
+            from importlib.metadata import entry_points
+
+            for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.value, e.name)):
+                dist = f" of {point.dist.name} {point.dist.version}" if point.dist is not None else ""
+                fix = f"pip uninstall {point.dist.name}" if point.dist is not None else "uninstall its distribution"
+                _import_plugin(point.value, f"entry point {point.name} = {point.value}{dist}",
+                               f"fix it, or uninstall it ({fix})", point.load)
+        named = [(m.strip(), f"{PLUGINS_ENV}={os.environ[PLUGINS_ENV]}", f"correct or unset {PLUGINS_ENV}")
+                 for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+        named += [(m, where or "named in the configuration", "correct the name, or make the module importable (install "
+                   "its package, or put its folder on PYTHONPATH)") for m in modules]
+        for module, how, fix in named:
+            _import_plugin(module, how, fix)
+        declared = os.environ.get(DATASETS_ENV) or None
+        if declared and declared != _STATE["datasets"]:
+            importlib.import_module("fedrepro.data.folder").declare_from_environment(declared)
+            _STATE["datasets"] = declared
+    finally:
+        _STATE["busy"] = False
+
+
+def _import_plugin(target: str, how: str, fix: str, load: Callable | None = None) -> None:
+    """Import one plug-in (``module`` or ``module:function``; a function is called once, with no arguments), every
+    entry it registers marked as its own."""
+    if target in _IMPORTED:
+        return
+    _IMPORTED.add(target)
+    module = target.split(":")[0].strip()
+    origin = module.split(".")[0]
+    _PLUGINS.setdefault(origin, how)
+    with _registering_as(origin):
+        try:
+            if load is None:
+                obj = importlib.import_module(module)
+                for attr in target.partition(":")[2].strip().split(".") if ":" in target else []:
+                    obj = getattr(obj, attr)
+            else:
+                obj = load()
+            if callable(obj) and not isinstance(obj, type):
+                obj()
+        except PluginError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure of a plug-in's code is reported as the plug-in's
+            frames = traceback.extract_tb(error.__traceback__)
+            at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+            raise PluginError(f"plug-in {origin!r} ({how}) failed to import: {type(error).__name__}: {error}{at}; "
+                              f"{fix}") from None
+
+
+def plugins_loaded() -> dict[str, dict]:
+    """plug-in -> {"how": how it was found, "entries": {registry kind: [names it registered]}} of this process."""
+    out: dict[str, dict] = {}
+    for registry in REGISTRIES:
+        registry._load()
+        for entry in registry.plugin_entries():
+            found = out.setdefault(entry.origin, {"how": _found(entry.origin), "entries": {}})
+            found["entries"].setdefault(registry.kind, []).append(entry.name)
+    return out
+
+
+def plugin_version(origin: str) -> str | None:
+    """The version of the distribution that installs plug-in module ``origin`` (None: not from a distribution)."""
+    from importlib.metadata import packages_distributions, version
+
+    for dist in packages_distributions().get(origin, []):
+        with contextlib.suppress(Exception):
+            return version(dist)
+    return None
+
+
+def run_plugins(run: dict) -> dict:
+    """What a run uses that plug-ins registered, for its run manifest: kind -> {name, plugin, version}."""
+    used = {"method": (METHODS, run["algorithm"]["name"]), "model family": (MODELS, run["train"]["model"]["family"]),
+            "dataset": (DATASETS, run["dataset"])}
+    out = {}
+    for kind, (registry, name) in used.items():
+        entry = registry.get(name)
+        if entry.origin is not None:
+            out[kind] = {"name": name, "plugin": entry.origin, "found": _found(entry.origin),
+                         "version": plugin_version(entry.origin)}
+    return out
+
+
+def _found(origin: str) -> str:
+    return "the configuration's datasets:" if origin == "config" else _PLUGINS.get(origin, "imported directly")

@@ -61,7 +61,7 @@ from .models.families import build_family
 from .models.weights import require as require_weights
 from .models.weights import weight_specs
 from .provenance import run_manifest, run_variant
-from .registry import dataset, method_class
+from .registry import dataset, method_class, run_plugins
 from .seeding import configure_determinism
 
 
@@ -276,7 +276,7 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     write_json(out_dir / "run_manifest.json", run_manifest(
         run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
         timings={"wall_s": time.time() - started, "train_s": float(result.history["train_s"].sum())},
-        resumed_from=result.resumed_from, test_data=test_data, variant=variant))
+        resumed_from=result.resumed_from, test_data=test_data, variant=variant, plugins=run_plugins(run)))
     write_json(out_dir / "metrics.json", summary)  # last: its presence means the run is complete
     resume.unlink(missing_ok=True)
     shutil.rmtree(states, ignore_errors=True)

@@ -1,7 +1,8 @@
 """Issue 25, cases 2 and 7: `scripts/dvc-results.py pull` checks every downloaded file against its MD5 in dvc.lock
 before it touches the workspace, and refuses a corrupt copy on the remote naming the file and the remote; a
 missing remote is named with its path. `push` never uploads the datasets' own data (raw data, pixel caches,
-manifests) unless --stages names its stage."""
+manifests) unless --stages names its stage. Issue 34: neither shares the results of a configuration whose
+`results_dir` is not the full grid's (the demo's, the evidence run's), which no stage of dvc.yaml holds."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import json
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from infra_support import REPO, copy_repo, run, tool_env
 
@@ -65,14 +68,16 @@ def test_pull_refuses_a_corrupt_remote_copy_by_name_and_a_missing_remote_by_path
     assert missing.returncode == 1 and f"{tmp_path / 'gone'} does not exist or is not readable" in missing.stderr
 
 
-def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatch, capsys):
-    """Raw data, the decode-once pixel caches and the manifests (MIMIC-CXR's carries report text) stay on the
-    machine unless --stages names them; push says which it held back and why."""
+def recording(root: Path, monkeypatch, outputs: tuple[str, ...]):
+    """dvc-results.py on a fake repository at ``root`` (dvc.yaml, the shipped top-level configs, ``outputs`` as empty
+    folders) whose commands are recorded, not run, and whose Snakemake has nothing left to do -> (module, commands)."""
     module = dvc_results()
-    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
-    for out in ("resources/raw/mimic_cxr", "resources/images/mimic_cxr", "resources/manifests", "resources/splits",
-                "results/runs"):
-        (tmp_path / out).mkdir(parents=True)
+    (root / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
+    (root / "config").mkdir()
+    for name in ("config.yaml", "demo.yaml", "evidence.yaml"):
+        (root / "config" / name).write_text((REPO / "config" / name).read_text())
+    for out in outputs:
+        (root / out).mkdir(parents=True)
     commands = []
 
     def record(cmd, capture=False, check=True):
@@ -81,6 +86,14 @@ def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatc
 
     monkeypatch.setattr(module, "run", record)
     monkeypatch.setattr(module, "pending_jobs", lambda args: 0)
+    return module, commands
+
+
+def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatch, capsys):
+    """Raw data, the decode-once pixel caches and the manifests (MIMIC-CXR's carries report text) stay on the
+    machine unless --stages names them; push says which it held back and why."""
+    module, commands = recording(tmp_path, monkeypatch, ("resources/raw/mimic_cxr", "resources/images/mimic_cxr",
+                                                         "resources/manifests", "resources/splits", "results/runs"))
     module.push(SimpleNamespace(stages=None, snakemake=[], force=False), tmp_path)
     assert ["dvc", "push", "splits", "runs"] in commands
     held = capsys.readouterr().err
@@ -90,6 +103,25 @@ def test_push_leaves_the_datasets_own_data_out_unless_named(tmp_path, monkeypatc
     commands.clear()
     module.push(SimpleNamespace(stages=["raw", "images", "manifests", "runs"], snakemake=[], force=False), tmp_path)
     assert ["dvc", "push", "raw", "images", "manifests", "runs"] in commands
+
+
+def test_push_and_pull_refuse_a_configuration_whose_results_no_stage_holds(tmp_path, monkeypatch):
+    """The demo writes to results/demo and the evidence run to results/evidence-run, outside dvc.yaml's stages: pushing
+    "the demo's results" would record the full grid's folders instead (or nothing), and pulling would touch the wrong
+    files. Both stop before any DVC or git command, naming the folder; the full grid's configuration passes."""
+    module, commands = recording(tmp_path, monkeypatch, ("results/runs",))
+    for action in (module.push, module.pull):
+        for words, folder in ((["--configfile", "config/demo.yaml"], "results/demo"),
+                              (["all", "--cores", "2", "--configfile", "config/config.yaml", "config/demo.yaml"], "results/demo"),
+                              (["--configfile=config/evidence.yaml", "all"], "results/evidence-run")):
+            with pytest.raises(module.Failure, match=rf"keeps its results in {folder}/ \(its results_dir\), which no stage "
+                                                     rf"of dvc.yaml holds: the stages share results/"):
+                action(SimpleNamespace(stages=None, snakemake=words, force=False), tmp_path)
+    assert commands == []
+    assert module.config_files(["all", "--configfile", "a.yaml", "b.yaml", "-n", "--configfiles=c.yaml"]) == ["a.yaml", "b.yaml", "c.yaml"]
+    known = module.stage_outputs(tmp_path)
+    for words in ([], ["--configfile", "config/config.yaml"], ["all_weights"]):
+        module.check_results_dir(tmp_path, words, known)
 
 
 def test_a_bad_copy_in_the_local_cache_is_downloaded_again_not_blamed_on_the_remote(tmp_path):

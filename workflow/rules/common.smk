@@ -11,16 +11,13 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from fedrepro import paths
+from fedrepro import cost, paths
 from fedrepro.config import ConfigError, Project, check_config_files, typed_overrides
 from fedrepro.embed import model_config as embed_model_config
 from fedrepro.models.weights import WeightsError, encoder_weights, weight_specs
 from fedrepro.models.weights import check as check_weights
 from fedrepro.paths import RunKey
-
-
-envvars:
-    "PATH",
+from fedrepro.throughput import ThroughputError, for_gpu
 
 
 # jobs call the `fedrepro` CLI; make the one installed next to this Snakemake win when the user
@@ -33,6 +30,19 @@ try:
     PROJECT = Project(typed_overrides(config, workflow.config_settings.config), root=workflow.basedir)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration:\n{error}")
+
+# every job loads the configuration's plug-ins and folder datasets as this process did (FEDREPRO_PLUGINS,
+# FEDREPRO_DATASETS): local jobs and the fork-server's children inherit the environment, SLURM jobs get the
+# variables named below
+os.environ.update(PROJECT.job_environment())
+for line in PROJECT.extension.notes() if PROJECT.extension else []:
+    print(f"fedrepro: {line}", file=sys.stderr)
+
+
+envvars:
+    "PATH",
+    "FEDREPRO_PLUGINS",
+    "FEDREPRO_DATASETS",
 
 RAW = PROJECT.config["data"]["raw_dir"]
 RUNS = {key.path: key for key in PROJECT.plan.runs()}
@@ -70,8 +80,23 @@ def per_attempt(base: int):
     return lambda wildcards, attempt: base * attempt
 
 
+def refuse_until_all() -> None:
+    """`--until` reads every word after it as a rule (or file), so `--until weights all` means "everything up to
+    `weights` and up to `all`": the whole grid (downloads, training), not the weights. `all` is never meant there:
+    stop before any job is planned, with the command that was meant. (Snakemake sets `dag_settings` after parsing
+    this file, so the check runs in the input function of `all`, which `--until all` makes a target.)"""
+    dag_settings = getattr(workflow, "dag_settings", None)
+    if dag_settings is not None and "all" in dag_settings.until:
+        rules_ = " ".join(sorted(set(dag_settings.until) - {"all"})) or "<rule>"
+        raise WorkflowError(
+            f"`--until` was given `all`: Snakemake reads every word after `--until` as a rule to run up to, so this "
+            f"would plan the whole grid (downloads and training included). Put the target first "
+            f"(`snakemake all --until {rules_}`); for the pretrained weights alone: `snakemake --cores 2 all_weights`.")
+
+
 def all_outputs(wildcards=None) -> list[str]:
     """What `all` builds: the kinds of output the configuration names (`outputs`)."""
+    refuse_until_all()
     kinds = {
         "tables": lambda: [paths.table(protocol, paper, table) for protocol, paper, table in PROJECT.plan.tables()],
         "figures": lambda: [paths.figure(protocol, paper, figure) for protocol, paper, figure in PROJECT.plan.figures()],
@@ -87,6 +112,15 @@ def all_outputs(wildcards=None) -> list[str]:
 def raw_root(marker: str) -> str:
     """The raw-data root of a dataset's marker file (``<root>/<dataset>/.complete``)."""
     return str(Path(marker).parent.parent)
+
+
+def download_inputs(wildcards) -> list[str]:
+    """A folder dataset's labels CSV (fedrepro.data.folder): a new CSV links and prepares the dataset again."""
+    from fedrepro.data.folder import is_folder
+    from fedrepro.registry import dataset as dataset_spec
+
+    spec = dataset_spec(wildcards.dataset)
+    return [spec.options["labels"]] if is_folder(spec) else []
 
 
 def prepare_inputs(wildcards):
@@ -125,6 +159,11 @@ def weights_inputs(specs) -> list[str]:
             _CHECKED_WEIGHTS[spec.id] = True
         out.append(manifest)
     return out
+
+
+def all_weights(wildcards=None) -> list[str]:
+    """What `all_weights` fetches: the manifest of every pretrained-weights resource some job loads."""
+    return weights_inputs(PROJECT.plan.weights().values())
 
 
 def features_weights(wildcards) -> list[str]:
@@ -178,25 +217,78 @@ IMAGE_RUN_THREADS = PROJECT.config["image_run_threads"]
 FALLBACK_MEMORY = {"mem_mb": 32000, "gpu_mem_mb": 0}   # when a run's model cannot be estimated
 
 
+# ---- SLURM runtime and GPU memory from a measured throughput table --------------------------------
+# The profile names each GPU rule's GPU model (set-resources: <rule>: gpu_model, workflow/profiles/slurm); where
+# benchmarks/gpu/ holds that GPU's table (benchmarks/train_step.py --device cuda), the jobs ask for the runtime
+# and GPU memory its rates give, with the margins of fedrepro.cost; else for cost.FALLBACK_RUNTIME, unmeasured
+# guesses. CPU rules (image_cache) read the train rule's table, taken on the GPU nodes' CPUs.
+
+
+def profile_gpu_model(rule: str) -> str | None:
+    """The GPU model the profile Snakemake loaded asks for ``rule``, else the train rule's (None without one)."""
+    for name in (rule, "train"):
+        value = workflow.resource_settings.overwrite_resources.get(name, {}).get("gpu_model")
+        if value is not None:
+            return str(getattr(value, "raw", value))     # a profile's string, as written
+    return None
+
+
+def _throughput_tables() -> dict:
+    tables, notes = {}, {}
+    for name in ("train", "features", "downstream", "image_cache"):
+        model = profile_gpu_model(name)
+        try:
+            tables[name], why = for_gpu(model)
+        except ThroughputError as error:
+            raise WorkflowError(f"a throughput table in {paths.throughput_dir()}/ cannot be read: {error}")
+        if model:
+            notes[why if tables[name] else f"{why}; runtime and GPU memory requests are unmeasured guesses"] = True
+    for note in notes:
+        print(f"fedrepro: SLURM requests: {note}", file=sys.stderr)
+    return tables
+
+
+THROUGHPUT = _throughput_tables()
+
+
 @functools.lru_cache(maxsize=None)
-def _run_memory(path: str) -> dict:
+def _run_resources(path: str) -> dict:
+    """A run's mem_mb, gpu_mem_mb and runtime, planned once (Snakemake asks for each resource separately)."""
     from fedrepro.fl.memory import planned
 
+    key = RUNS[path]
+    guess = cost.FALLBACK_RUNTIME["train_features" if PROJECT.resolver.run_config(key)["input"] == "features" else "train_images"]
     try:
-        est = planned(PROJECT, RUNS[path], workers=IMAGE_RUN_THREADS - 1)
+        est = planned(PROJECT, key, workers=IMAGE_RUN_THREADS - 1)
     except Exception as error:  # noqa: BLE001 - planning never fails on an estimate
         print(f"fedrepro: no memory estimate for {path} ({error}); asking for {FALLBACK_MEMORY}", file=sys.stderr)
-        return FALLBACK_MEMORY
+        return {**FALLBACK_MEMORY, "runtime": guess}
     if "error" in est.profile:
         print(f"fedrepro: {path}: {est.profile['error']}; asking for {FALLBACK_MEMORY}", file=sys.stderr)
-        return FALLBACK_MEMORY
-    return {"mem_mb": est.host_mb(), "gpu_mem_mb": est.gpu_mb()}
+        return {**FALLBACK_MEMORY, "runtime": guess}
+    request = cost.train_request(PROJECT, key, est, THROUGHPUT["train"])
+    return {"mem_mb": est.host_mb(), "gpu_mem_mb": request.gpu_mem_mb, "runtime": request.runtime}
 
 
-def run_memory(wildcards) -> dict:
-    """{"mem_mb", "gpu_mem_mb"} of a run, from its estimate (fedrepro.fl.memory): the host memory its
-    job needs with the rule's loader workers, and the GPU memory of an image run."""
-    return _run_memory(run_key(wildcards).path)
+def run_resources(wildcards) -> dict:
+    """{"mem_mb", "gpu_mem_mb", "runtime"} of a run: host memory from its estimate (fedrepro.fl.memory) with the
+    rule's loader workers; GPU memory and runtime from the measured rates where a table is here (fedrepro.cost)."""
+    return _run_resources(run_key(wildcards).path)
+
+
+@functools.lru_cache(maxsize=None)
+def _features_request(dataset: str, key: str, threads: int):
+    encoder = FEATURES[f"{dataset}/{key}"]["encoder"]
+    return cost.features_request(THROUGHPUT["features"], dataset, encoder, max(1, threads - 1))
+
+
+def features_request(wildcards, threads: int):
+    """Runtime and GPU memory of a feature cache: one encoder pass, decoded by the job's workers (threads - 1)."""
+    return _features_request(wildcards.dataset, wildcards.key, threads)
+
+
+def image_cache_request(wildcards, threads: int):
+    return cost.image_cache_request(THROUGHPUT["image_cache"], wildcards.dataset, threads)
 
 
 def train_group(wildcards):
@@ -205,17 +297,38 @@ def train_group(wildcards):
     return "train_features" if on_features(wildcards) else None
 
 
-def downstream_job(wildcards) -> dict:
+def downstream_key(wildcards) -> str:
     key = run_key(wildcards)
     if f"{key.path}/{wildcards.task}" not in DOWNSTREAM:
         raise WorkflowError(f"no downstream evaluation {key.path}/{wildcards.task} in the configuration")
-    return PROJECT.resolver.downstream_config(key, wildcards.task)
+    return f"{key.path}/{wildcards.task}"
+
+
+def downstream_job(wildcards) -> dict:
+    return PROJECT.resolver.downstream_config(*DOWNSTREAM[downstream_key(wildcards)])
+
+
+@functools.lru_cache(maxsize=None)
+def _downstream_request(name: str):
+    table = THROUGHPUT["downstream"]       # without one, the guess: no job config to build
+    return cost.downstream_request(table, PROJECT.resolver.downstream_config(*DOWNSTREAM[name]) if table else None)
+
+
+def downstream_request(wildcards):
+    return _downstream_request(downstream_key(wildcards))
+
+
+# A trained model is read by the downstream and embed jobs, but its time is not compared (`ancient`): a `dvc pull
+# checkpoints` gives every model.pt the time of the pull, after the downstream results and embeddings made from it,
+# and Snakemake would rerun them all (and, for the data they read, download, prepare and retrain). Each job also reads
+# a file the training job writes beside the model (metrics.json, run_manifest.json), which is compared: a run
+# trained again still reruns what was made from its model.
 
 
 def downstream_inputs(wildcards) -> dict:
     job = downstream_job(wildcards)
     return {
-        "model": job["paths"]["checkpoint"],
+        "model": ancient(job["paths"]["checkpoint"]),
         "metrics": job["paths"]["metrics"],
         "manifest": job["paths"]["manifest"],
         "raw": paths.raw_marker(job["spec"]["dataset"], RAW),
@@ -232,7 +345,8 @@ def embed_job(wildcards) -> dict:
 
 def embed_inputs(wildcards) -> dict:
     job = embed_job(wildcards)
-    inputs = {"model": job["checkpoint"], **train_inputs(wildcards)}
+    inputs = {"model": ancient(job["checkpoint"]), "run": paths.run_file(run_key(wildcards), "run_manifest.json"),
+              **train_inputs(wildcards)}
     inputs["weights"] = weights_inputs(weight_specs(embed_model_config(job["run"])))
     return inputs
 

@@ -8,7 +8,10 @@ localrules:
 
 
 rule download:
-    """Fetch and verify one dataset's raw files (local: compute nodes often have no internet)."""
+    """Fetch and verify one dataset's raw files (local: compute nodes often have no internet); a folder dataset
+    (your own images and labels CSV) is checked and linked in."""
+    input:
+        download_inputs,
     output:
         marker=paths.raw_marker("{dataset}", RAW),
     params:
@@ -98,7 +101,9 @@ rule image_cache:
     threads: 8
     resources:
         mem_mb=per_attempt(8000),
-        runtime=per_attempt(240),
+        # the measured cache-building rate per process x the threads, with a margin (fedrepro.cost); 240 without
+        # a table (a guess)
+        runtime=lambda wc, attempt, threads: attempt * image_cache_request(wc, threads).runtime,
     log:
         paths.log("image_cache", "{dataset}/{spec}"),
     conda:
@@ -126,7 +131,10 @@ rule features:
     resources:
         gpu=1,
         mem_mb=per_attempt(16000),
-        runtime=per_attempt(120),
+        # one pass of the encoder over the dataset at its measured rate, decode-bound at the job's workers, with
+        # a margin (fedrepro.cost); without a table 120 minutes and no GPU memory named (guesses)
+        runtime=lambda wc, attempt, threads: attempt * features_request(wc, threads).runtime,
+        gpu_mem_mb=lambda wc, threads: features_request(wc, threads).gpu_mem_mb,
     log:
         paths.log("features", "{dataset}/{key}"),
     conda:

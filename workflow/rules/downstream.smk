@@ -14,6 +14,10 @@ rule downstream:
         config_hash=lambda wc: downstream_job(wc)["config_hash"],
     resources:
         gpu=1,
+        # the pre-trained encoder's pass over the downstream images at the measured rate, never below 60 minutes
+        # (the heads and decoders it trains are not measured; fedrepro.cost)
+        runtime=lambda wc, attempt: attempt * downstream_request(wc).runtime,
+        gpu_mem_mb=lambda wc: downstream_request(wc).gpu_mem_mb,
     log:
         paths.log("downstream", "{protocol}/{paper}/{setting}/{method}/seed{seed}/{task}"),
     conda:

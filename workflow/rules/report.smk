@@ -17,6 +17,9 @@ rule embed:
         embedding=paths.embedding(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "{figure}"),
     params:
         job=lambda wc: json.dumps(embed_job(wc), sort_keys=True),
+    resources:
+        # a CPU job: no GPU's throughput table gives its rate, so this stays an unmeasured guess (fedrepro.cost)
+        runtime=per_attempt(cost.FALLBACK_RUNTIME["embed"]),
     log:
         paths.log("embed", "{protocol}/{paper}/{setting}/{method}/seed{seed}/{figure}"),
     conda:

@@ -22,11 +22,14 @@ rule train:
         gpu=lambda wc: 0 if on_features(wc) else 1,
         # host memory from the run's own estimate (fedrepro.fl.memory; `fedrepro estimate <paper> <setting>
         # <method>` prints its parts), x the attempt: a job killed for memory gets more on its retry
-        mem_mb=lambda wc, attempt: attempt * run_memory(wc)["mem_mb"],
+        mem_mb=lambda wc, attempt: attempt * run_resources(wc)["mem_mb"],
         # GPU memory the run needs (MiB): not a SLURM request by itself; map it to a constraint or GPU model
-        # in the profile if your cluster mixes GPU sizes (workflow/profiles/slurm/config.yaml, EDIT 3)
-        gpu_mem_mb=lambda wc: run_memory(wc)["gpu_mem_mb"],
-        runtime=lambda wc, attempt: attempt * (15 if on_features(wc) else 720),
+        # in the profile if your cluster mixes GPU sizes (workflow/profiles/slurm/config.yaml, EDIT 3). From the
+        # estimate, or the measured peak of its family x a margin where benchmarks/gpu/ has the profile's GPU
+        gpu_mem_mb=lambda wc: run_resources(wc)["gpu_mem_mb"],
+        # minutes: the measured rates of the profile's GPU x a margin (fedrepro.cost); without a table, 720 for
+        # image runs and 15 for runs on cached features (unmeasured guesses)
+        runtime=lambda wc, attempt: attempt * run_resources(wc)["runtime"],
     log:
         paths.log("train", "{protocol}/{paper}/{setting}/{method}/seed{seed}"),
     conda:

@@ -58,11 +58,13 @@ class Checks:
 
         for name, setting in paper["settings"].items():
             check_choice(setting["dataset"], DATASETS.names(), f"{where}: settings/{name}/dataset")
+            check_files(setting["dataset"])
             check_split(setting["split"], DATASETS.get(setting["dataset"]).obj.classes, f"{where}: settings/{name}/split")
             for protocol, override in setting.get("protocols", {}).items():
                 at = f"{where}: settings/{name}/protocols/{protocol}"
                 dataset = override.get("dataset", setting["dataset"])
                 check_choice(dataset, DATASETS.names(), f"{at}/dataset")
+                check_files(dataset)
                 if DATASETS.get(dataset).obj.classes != DATASETS.get(setting["dataset"]).obj.classes:
                     raise ConfigError(f"{at}/dataset: {dataset!r} has other classes than {setting['dataset']!r}; "
                                       f"a setting reads datasets of the same classes under every protocol")
@@ -180,9 +182,6 @@ class Checks:
         a table's ``one_round`` re-reads only runs selected that way) nor, for a domain-adaptation method, the
         global test set as its unlabeled target (a split without ``reference_fraction``). The paper protocol
         is the authors' and allows both. Refused here, before any job, naming what asks for it."""
-        from ..fl.selection import TEST_RULES, opted_in, resolve_rule
-        from ..registry import METHODS
-
         users: dict[tuple[str, str, str], list[str]] = {}
         for protocol, paper, table in self.plan.tables():
             for cell in self.resolver.resolved_cells(paper, table, protocol):
@@ -194,19 +193,7 @@ class Checks:
                     users.setdefault((paper, key.setting, key.method), []).append(f"figures/{figure}")
         problems = []
         for (paper, setting, method), used_by in users.items():
-            train = self.resolver.train_config(paper, setting, method, "clean")
-            if opted_in(train):
-                continue
-            asks = []
-            rule = resolve_rule(train["selection"]["rule"], "clean")
-            if rule in TEST_RULES:
-                asks.append(f"selection rule {rule!r} picks the reported round on the test set")
-            algorithm = self.papers[paper]["methods"][method].get("method", method)
-            split = self.resolver.setting(paper, setting, "clean")["split"]
-            if (METHODS.get(algorithm).obj.reads_target(self.resolver.method_params(paper, method, "clean"))
-                    and float(split.get("reference_fraction", 0)) <= 0):
-                asks.append("its domain-adaptation target would be the global test set (the split has no "
-                            "reference_fraction)")
+            asks = self.reads_test_data(paper, setting, method)
             if asks:
                 where = f"{self.config['paper_dir']}/{paper}.yaml: settings/{setting} x methods/{method}"
                 problems.append(f"{where} (protocol clean; used by {', '.join(dict.fromkeys(used_by))}): "
@@ -221,9 +208,45 @@ class Checks:
                 f"train:); the run manifest, metrics.json and the table captions then record it.")
 
 
+    def reads_test_data(self, paper: str, setting: str, method: str) -> list[str]:
+        """How a clean run of (setting, method) would read its test data without opting in (nothing: [])."""
+        from ..fl.selection import TEST_RULES, opted_in, resolve_rule
+        from ..registry import METHODS
+
+        train = self.resolver.train_config(paper, setting, method, "clean")
+        if opted_in(train):
+            return []
+        asks = []
+        rule = resolve_rule(train["selection"]["rule"], "clean")
+        if rule in TEST_RULES:
+            asks.append(f"selection rule {rule!r} picks the reported round on the test set")
+        algorithm = self.papers[paper]["methods"][method].get("method", method)
+        split = self.resolver.setting(paper, setting, "clean")["split"]
+        if (METHODS.get(algorithm).obj.reads_target(self.resolver.method_params(paper, method, "clean"))
+                and float(split.get("reference_fraction", 0)) <= 0):
+            asks.append("its domain-adaptation target would be the global test set (the split has no "
+                        "reference_fraction)")
+        return asks
+
+
 def check_project(loaded: LoadedConfig, resolver: Resolver, plan: Plan) -> None:
     """Raise :class:`ConfigError` naming the key and what is allowed where the configuration cannot work."""
     Checks(loaded, resolver, plan).run()
+
+
+def check_files(dataset: str) -> None:
+    """A folder dataset's images and labels CSV (fedrepro.data.folder), before any job: the message names the
+    declaration (``config: datasets/<name>`` or the plug-in), the file and the line."""
+    from ..data.folder import FolderError, check_folder, is_folder
+    from ..registry import DATASETS
+
+    entry = DATASETS.get(dataset)
+    if is_folder(entry.obj):
+        where = f"config: datasets/{dataset}" if entry.origin == "config" else f"dataset {dataset!r} of {entry.describe()}"
+        try:
+            check_folder(entry.obj, where)
+        except FolderError as error:
+            raise ConfigError(str(error)) from None
 
 
 def check_split(split: dict, classes, where: str) -> None:

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from .. import paths
+from .extension import Extension
 from .files import ConfigError, check_choice, load_schema, load_yaml, validate
 from .overlay import Overlay
 
@@ -27,6 +28,7 @@ class LoadedConfig:
         schemas = str(self.root.resolve())
         self.config = validate(copy.deepcopy(config), load_schema(schemas, "config.schema.yaml"), "config")
         paths.use_results_dir(self.config["results_dir"])
+        self.datasets = self.load_plugins()
         self.papers: dict[str, dict] = {}
         self.paper_files: dict[str, str] = {}
         self.overlays: dict[str, Overlay] = {}
@@ -47,6 +49,35 @@ class LoadedConfig:
                 raise ConfigError(f"{path}: 'paper' is {paper['paper']!r} but the file is for {name!r}")
             self.papers[name] = paper
             self.paper_files[name] = str(path)
+        self.extension: Extension | None = None
+        if self.config.get("extension"):
+            self.extension = Extension(self.config["extension"], self)
+            self.papers = self.extension.view(self.papers)
+            paths.use_report_dir(paths.extension_dir(self.extension.name))
+
+    def load_plugins(self) -> list:
+        """Import the plug-ins (installed entry points, ``plugins:``) and declare ``datasets:``, before any name is
+        looked up: a plug-in that fails, or a name that clashes, stops the configuration here, naming both."""
+        from ..data.folder import declare
+        from ..data.manifest import ManifestError
+        from ..registry import PluginError, load_plugins
+
+        try:
+            load_plugins(self.config["plugins"], where="config: plugins")
+            return declare(self.config["datasets"])
+        except (PluginError, ManifestError) as error:
+            raise ConfigError(str(error)) from None
+
+    def job_environment(self) -> dict[str, str]:
+        """What a job must find in its environment to load this configuration's plug-ins and datasets (the workflow
+        exports it: local jobs, the fork-server's children and SLURM jobs inherit it)."""
+        import os
+
+        from ..data.folder import environment
+        from ..registry import DATASETS_ENV, PLUGINS_ENV
+
+        modules = [m for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()] + self.config["plugins"]
+        return {PLUGINS_ENV: ",".join(dict.fromkeys(modules)), DATASETS_ENV: environment(self.datasets)}
 
     @property
     def protocols(self) -> list[str]:

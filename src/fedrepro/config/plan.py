@@ -39,11 +39,23 @@ class Plan:
                     yield protocol, paper_name, table
 
     def figures(self) -> Iterator[tuple[str, str, str]]:
-        """(protocol, paper, figure) of every figure to build."""
+        """(protocol, paper, figure) of every figure to build: once per configured protocol, except that a figure
+        whose settings all pin one protocol is built once, under that one. A figure's folder is the protocol its
+        runs used: FAA-CLIP's demo figures of a setting pinned to ``paper`` (each eval set at its best test round)
+        must not sit among the clean ones."""
+        planned: dict[tuple[str, str, str], None] = {}
         for protocol in self.protocols:
             for paper_name, paper in self.papers.items():
                 for figure in paper.get("figures", {}):
-                    yield protocol, paper_name, figure
+                    planned[self.figure_protocol(paper_name, figure, protocol), paper_name, figure] = None
+        yield from planned
+
+    def figure_protocol(self, paper: str, figure: str, protocol: str) -> str:
+        """The protocol ``figure`` is built under when the configuration asks for ``protocol``: the one all its
+        settings pin, if they pin the same, else ``protocol``."""
+        settings = self.papers[paper]["figures"][figure].get("settings", [])
+        used = {self.resolver.protocol(paper, s, protocol) for s in settings}
+        return used.pop() if len(used) == 1 else protocol
 
     def runs(self) -> list[RunKey]:
         """Every run some table or figure needs, under every configured protocol, once per seed."""
@@ -87,7 +99,7 @@ class Plan:
             s = self.resolver.setting(paper_name, setting, protocol)
             out[self.resolver.split_id(paper_name, setting, run_seed, protocol)] = {
                 "dataset": s["dataset"],
-                "spec": {k: v for k, v in s["split"].items() if k != "seed"},
+                "spec": self.resolver.split_spec(paper_name, setting, run_seed, protocol),
                 "seed": self.resolver.split_seed(paper_name, setting, run_seed, protocol),
             }
         return out

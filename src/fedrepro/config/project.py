@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .checks import check_project
+from .checks import Checks, check_project
 from .files import deep_merge, load_yaml
 from .loaded import LoadedConfig
 from .plan import Plan
@@ -22,6 +22,8 @@ class Project(LoadedConfig):
     def __init__(self, config: dict, root: str | Path = ".", configfiles: list[str] | None = None):
         super().__init__(config, root, configfiles)
         self.resolver = Resolver(self)
+        if self.extension is not None:      # what of the extension fits, decided on resolved train blocks
+            self.extension.settle(self.resolver, Checks(self, self.resolver, None))
         self.plan = Plan(self, self.resolver)
         check_project(self, self.resolver, self.plan)
 

@@ -81,8 +81,9 @@ class Resolver:
         train = deep_merge(p["defaults"], p.get("protocols", {}).get(protocol, {}).get("train"))
         train = deep_merge(deep_merge(train, p["settings"][setting].get("train")), p["methods"][method].get("train"))
         train = deep_merge(train, self.protocol_override(paper, method, protocol).get("train"))
-        if paper in self.overlays:
-            train = self.overlays[paper].apply_train(train, method)
+        if paper in self.overlays:      # (an extension's twin of a variant gets what the overlay gives that variant)
+            extension = self.loaded.extension
+            train = self.overlays[paper].apply_train(train, extension.baseline_of(paper, method) if extension else method)
         if protocol == "paper":
             train.setdefault("precision", PAPER_PRECISION)
         where = f"{paper}: settings/{setting} x methods/{method}: train"
@@ -108,13 +109,24 @@ class Resolver:
         value = self.setting(paper, setting, protocol)["split"].get("seed", 0)
         return seed if value == "run" else int(value)
 
+    def split_spec(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> dict:
+        """The split spec the split job of run seed ``seed`` gets: without its ``seed`` (a separate argument), and
+        with ``partition_seed: run`` / ``client_seed: run`` turned into that run seed (the clients' draw, or only
+        their train/val/test cut, redrawn per run while the rest stays)."""
+        spec = {k: v for k, v in self.setting(paper, setting, protocol)["split"].items() if k != "seed"}
+        for key in ("partition_seed", "client_seed"):
+            if spec.get(key) == "run":
+                spec[key] = seed
+        return spec
+
     def split_id(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> str:
-        s = self.setting(paper, setting, protocol)
-        spec = {k: v for k, v in s["split"].items() if k != "seed"}
+        dataset = self.setting(paper, setting, protocol)["dataset"]
+        spec = self.split_spec(paper, setting, seed, protocol)
         split_seed = self.split_seed(paper, setting, seed, protocol)
         alpha = f"-a{spec['alpha']:g}" if "alpha" in spec else ""
         clients = f"-c{spec['clients']}" if "clients" in spec else ""
-        return f"{s['dataset']}-{spec['kind']}{alpha}{clients}-s{split_seed}-{hash_obj([s['dataset'], spec], 6)}"
+        cut = "".join(f"{mark}{spec[key]}" for key, mark in (("partition_seed", "p"), ("client_seed", "c")) if key in spec)
+        return f"{dataset}-{spec['kind']}{alpha}{clients}-s{split_seed}{cut}-{hash_obj([dataset, spec], 6)}"
 
     def jpeg_draft(self, protocol: str) -> bool:
         """Whether runs of ``protocol`` decode large JPEGs with DCT scaling (``data.jpeg_draft``; auto = not
@@ -217,8 +229,11 @@ class Resolver:
     def resolved_cells(self, paper: str, table: str, protocol: str) -> list[dict]:
         """Every run cell of a table built for ``protocol``, resolved (derived 'mean_of' and blank cells
         excluded); a cell's own ``protocol`` (row, column or table) or its setting's wins."""
-        spec = self.papers[paper]["tables"][table]
-        if spec["kind"] != "runs":
+        return self.cells(paper, self.papers[paper]["tables"][table], protocol)
+
+    def cells(self, paper: str, spec: dict, protocol: str) -> list[dict]:
+        """:meth:`resolved_cells` of a table ``spec`` of ``paper`` (one in the paper file, or one being made)."""
+        if spec.get("kind", "runs") != "runs":
             return []
         out = []
         for i, row in enumerate(spec.get("rows", [])):

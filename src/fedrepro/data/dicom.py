@@ -1,42 +1,35 @@
-"""A small DICOM reader for single-frame radiographs and CT slices (RSNA Pneumonia's
-``stage_2_train_images``, RSNA ICH's ``stage_2_train``): the one DICOM path of the project.
+"""Reading DICOM with pydicom, the field's standard reader: the one DICOM path of the project
+(RSNA Pneumonia's ``stage_2_train_images``, RSNA ICH's ``stage_2_train``).
 
-It parses the Part-10 file format (preamble, ``DICM``, explicit-VR file meta group) and a dataset
-in explicit or implicit VR little endian, skipping sequences, and returns the pixel data either as
-the JPEG stream of an encapsulated (JPEG baseline) image — written to disk as-is, no re-encoding —
-or as a native 8/16-bit array, with the rescale (slope, intercept) and the file's own display window
-(center, width) that CT windowing needs, and BitsStored / PixelRepresentation (some CT slices store
-12-bit values whose rescale is off; :mod:`fedrepro.data.datasets.head_ct` corrects them). Big-endian and other compressed transfer syntaxes are refused with a
-clear error (convert such files with pydicom/dcmtk and place PNGs instead).
+:func:`read_dicom` returns either the JPEG stream of a JPEG baseline image (RSNA Pneumonia's syntax:
+written to disk as it is, no re-encoding; or decoded, on request) or the decoded stored pixel values of any other transfer
+syntax pydicom decodes (explicit or implicit VR little endian, big endian, RLE, and the JPEG family
+through Pillow), with what CT windowing needs: the rescale (slope, intercept), the file's own display
+window (center, width; the first value of a multi-valued one, as viewers do), BitsStored and
+PixelRepresentation (some RSNA ICH slices store 12-bit values whose rescale is off;
+:mod:`fedrepro.data.datasets.head_ct` corrects them). Files without the Part-10 preamble are read too.
+
+Whatever is wrong with a file (not DICOM, truncated, no pixel data, a compressed syntax without a
+decoder) is one :class:`DicomError` naming the file and the reason; preparers list such files as
+unreadable (``data.corrupt_images``), they do not stop on them.
 """
 
 from __future__ import annotations
 
-import struct
+import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-EXPLICIT_LE = "1.2.840.10008.1.2.1"
-IMPLICIT_LE = "1.2.840.10008.1.2"
 JPEG_BASELINE = "1.2.840.10008.1.2.4.50"
-LONG_VRS = {b"OB", b"OW", b"OF", b"SQ", b"UT", b"UN", b"UC", b"UR", b"OD", b"OL", b"OV", b"SV", b"UV"}
-UNDEFINED = 0xFFFFFFFF
-ITEM, ITEM_END, SEQ_END = (0xFFFE, 0xE000), (0xFFFE, 0xE00D), (0xFFFE, 0xE0DD)
-WANTED = {(0x0028, 0x0002): "samples", (0x0028, 0x0004): "photometric", (0x0028, 0x0010): "rows",
-          (0x0028, 0x0011): "columns", (0x0028, 0x0100): "bits", (0x0028, 0x0101): "bits_stored",
-          (0x0028, 0x0103): "signed",
-          (0x0028, 0x1050): "center", (0x0028, 0x1051): "width", (0x0028, 0x1052): "intercept",
-          (0x0028, 0x1053): "slope"}
-TEXT_TAGS = {(0x0028, 0x0004)}
-# Decimal strings (VR DS); multi-valued ones ("40\80") keep their first value, as viewers do.
-DECIMAL_TAGS = {(0x0028, 0x1050), (0x0028, 0x1051), (0x0028, 0x1052), (0x0028, 0x1053)}
-PIXEL_DATA = (0x7FE0, 0x0010)
 
 
 class DicomError(ValueError):
-    pass
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = Path(path), reason
 
 
 @dataclass
@@ -45,8 +38,8 @@ class DicomImage:
     rows: int
     columns: int
     photometric: str
-    pixels: np.ndarray | None      # native pixel data (rows x columns[, samples])
-    jpeg: bytes | None             # the encapsulated JPEG stream
+    pixels: np.ndarray | None      # stored pixel values (rows x columns[, samples]), no rescale applied
+    jpeg: bytes | None             # the encapsulated JPEG baseline stream
     slope: float = 1.0             # stored value -> modality value (Hounsfield units for CT)
     intercept: float = 0.0
     window: tuple[float, float] | None = None   # the file's (center, width), when it has one
@@ -54,116 +47,71 @@ class DicomImage:
     signed: bool = False            # PixelRepresentation (0028,0103) = 1
 
 
-def _decode(tag: tuple[int, int], raw: bytes):
-    if tag in TEXT_TAGS:
-        return raw.rstrip(b"\x00 ").decode("ascii")
-    if tag in DECIMAL_TAGS:
-        first = raw.decode("ascii", errors="replace").split("\\")[0].strip(" \x00")
-        try:
-            return float(first) if first else None
-        except ValueError:
-            return None      # a malformed optional attribute: fall back to the default
-    return struct.unpack_from("<H", raw)[0]
+def _number(ds, keyword: str) -> float | None:
+    """A decimal-string attribute as a float (the first of several values); None where it is absent or
+    malformed (an optional attribute falls back to its default)."""
+    value = ds.get(keyword)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, (str, bytes, int, float)):   # MultiValue
+        value = value[0] if len(value) else None
+    try:
+        return float(str(value).split("\\")[0].strip())
+    except (TypeError, ValueError):
+        return None
 
 
-def _element_header(buf: bytes, pos: int, explicit: bool) -> tuple[tuple[int, int], bytes | None, int, int]:
-    group, element = struct.unpack_from("<HH", buf, pos)
-    if (group, element) in (ITEM, ITEM_END, SEQ_END):
-        return (group, element), None, struct.unpack_from("<I", buf, pos + 4)[0], pos + 8
-    if explicit:
-        vr = buf[pos + 4:pos + 6]
-        if vr in LONG_VRS:
-            return (group, element), vr, struct.unpack_from("<I", buf, pos + 8)[0], pos + 12
-        return (group, element), vr, struct.unpack_from("<H", buf, pos + 6)[0], pos + 8
-    return (group, element), None, struct.unpack_from("<I", buf, pos + 4)[0], pos + 8
+def _dataset(path: Path):
+    import pydicom
+    from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRLittleEndian
+
+    if not path.is_file():
+        raise DicomError(path, "file not found")
+    try:
+        with warnings.catch_warnings():    # pydicom warns about every odd element; the error below is what counts
+            warnings.simplefilter("ignore")
+            ds = pydicom.dcmread(path, force=True)
+    except Exception as exc:  # noqa: BLE001 - pydicom raises many types on damaged input; each becomes one message
+        raise DicomError(path, f"not a readable DICOM file ({type(exc).__name__}: {exc})") from None
+    if "PixelData" not in ds:
+        raise DicomError(path, "no pixel data (not a DICOM image, or a truncated file)")
+    if not ds.file_meta.get("TransferSyntaxUID"):        # no Part-10 header: the encoding pydicom read it with
+        implicit, little = getattr(ds, "original_encoding", (True, True))
+        ds.file_meta.TransferSyntaxUID = (ImplicitVRLittleEndian if implicit else
+                                          ExplicitVRLittleEndian if little else ExplicitVRBigEndian)
+    return ds
 
 
-def _skip_sequence(buf: bytes, pos: int, explicit: bool) -> int:
-    """Skip an undefined-length sequence (items until the sequence delimiter); -> position after it."""
-    while pos < len(buf):
-        tag, _, length, pos = _element_header(buf, pos, explicit)
-        if tag == SEQ_END:
-            return pos
-        if tag != ITEM:
-            raise DicomError(f"unexpected tag {tag} inside a sequence")
-        if length != UNDEFINED:
-            pos += length
-            continue
-        while True:  # an item of undefined length: elements until the item delimiter
-            tag, vr, length, pos = _element_header(buf, pos, explicit)
-            if tag == ITEM_END:
-                break
-            pos = _skip_sequence(buf, pos, explicit) if length == UNDEFINED else pos + length
-    raise DicomError("sequence without delimiter")
+def read_dicom(path: str | Path, keep_jpeg: bool = True) -> DicomImage:
+    """``keep_jpeg``: a JPEG baseline image comes back as its stream (``jpeg``), not decoded; with
+    ``keep_jpeg=False`` every image is decoded into ``pixels``."""
+    from pydicom.encaps import generate_frames
 
-
-def _fragments(buf: bytes, pos: int) -> tuple[list[bytes], int]:
-    """Encapsulated pixel data: basic offset table item, then fragments, then the delimiter."""
-    out = []
-    while pos < len(buf):
-        tag, _, length, pos = _element_header(buf, pos, True)
-        if tag == SEQ_END:
-            return out[1:], pos
-        out.append(buf[pos:pos + length])
-        pos += length
-    raise DicomError("encapsulated pixel data without delimiter")
-
-
-def read_dicom(path: str | Path) -> DicomImage:
-    buf = Path(path).read_bytes()
-    if len(buf) < 132 or buf[128:132] != b"DICM":
-        raise DicomError(f"{path}: not a DICOM Part-10 file (no DICM marker)")
-    pos, syntax, info = 132, None, {}
-    while pos < len(buf):                            # file meta group: always explicit VR LE
-        group = struct.unpack_from("<H", buf, pos)[0]
-        if group != 0x0002:
-            break
-        tag, vr, length, pos = _element_header(buf, pos, True)
-        if tag == (0x0002, 0x0010):
-            syntax = buf[pos:pos + length].rstrip(b"\x00 ").decode("ascii")
-        pos += length
-    if syntax not in (EXPLICIT_LE, IMPLICIT_LE, JPEG_BASELINE):
-        raise DicomError(f"{path}: transfer syntax {syntax} is not supported (explicit/implicit VR little endian "
-                         f"or JPEG baseline); convert it with pydicom or dcmtk")
-    explicit = syntax != IMPLICIT_LE
+    path = Path(path)
+    ds = _dataset(path)
+    syntax = str(ds.file_meta.TransferSyntaxUID)
+    frames = int(_number(ds, "NumberOfFrames") or 1)
+    if frames != 1:
+        raise DicomError(path, f"{frames} frames; a single image is expected")
     pixels = jpeg = None
-    while pos < len(buf):
-        tag, vr, length, pos = _element_header(buf, pos, explicit)
-        if tag == PIXEL_DATA:
-            if length == UNDEFINED:
-                frames, pos = _fragments(buf, pos)
-                jpeg = b"".join(frames)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if syntax == JPEG_BASELINE and keep_jpeg:
+                jpeg = next(generate_frames(ds.PixelData, number_of_frames=1))
             else:
-                pixels = buf[pos:pos + length]
-                pos += length
-            break
-        if length == UNDEFINED:
-            pos = _skip_sequence(buf, pos, explicit)
-            continue
-        if tag in WANTED:
-            value = _decode(tag, buf[pos:pos + length])
-            if value is not None:
-                info[WANTED[tag]] = value
-        pos += length
-    if pixels is None and jpeg is None:
-        raise DicomError(f"{path}: no pixel data")
-    rows, columns = info.get("rows"), info.get("columns")
-    array = None
-    if pixels is not None:
-        bits, samples = info.get("bits", 8), info.get("samples", 1)
-        dtype = {8: np.uint8, 16: np.uint16}.get(bits)
-        if dtype is None:
-            raise DicomError(f"{path}: {bits}-bit pixels are not supported")
-        if info.get("signed"):
-            dtype = np.int8 if bits == 8 else np.int16
-        shape = (rows, columns) if samples == 1 else (rows, columns, samples)
-        if rows is None or columns is None or len(pixels) < np.dtype(dtype).itemsize * int(np.prod(shape)):
-            raise DicomError(f"{path}: pixel data is shorter than Rows x Columns says (truncated file?)")
-        array = np.frombuffer(pixels, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-    window = (info["center"], info["width"]) if "center" in info and "width" in info else None
-    return DicomImage(syntax, rows, columns, info.get("photometric", "MONOCHROME2"), array, jpeg,
-                      info.get("slope", 1.0), info.get("intercept", 0.0), window,
-                      info.get("bits_stored"), bool(info.get("signed", 0)))
+                pixels = ds.pixel_array
+    except Exception as exc:  # noqa: BLE001 - a short pixel stream, an unknown syntax, a missing decoder, ...
+        logging.getLogger(__name__).debug("pixel data of %s", path, exc_info=True)
+        raise DicomError(path, f"cannot decode its pixel data, transfer syntax {syntax} "
+                               f"({type(exc).__name__}: {exc})") from None
+    center, width = _number(ds, "WindowCenter"), _number(ds, "WindowWidth")
+    bits_stored = ds.get("BitsStored")
+    return DicomImage(syntax, int(ds.get("Rows") or 0), int(ds.get("Columns") or 0),
+                      str(ds.get("PhotometricInterpretation") or "MONOCHROME2"), pixels, jpeg,
+                      _number(ds, "RescaleSlope") or 1.0, _number(ds, "RescaleIntercept") or 0.0,
+                      (center, width) if center is not None and width is not None else None,
+                      int(bits_stored) if bits_stored is not None else None, int(ds.get("PixelRepresentation") or 0) == 1)
 
 
 def to_8bit(image: DicomImage) -> np.ndarray:
@@ -178,15 +126,16 @@ def to_8bit(image: DicomImage) -> np.ndarray:
 
 def convert_dicom(path: str | Path, out_stem: Path) -> Path:
     """Write ``out_stem``.jpg (the encapsulated JPEG, byte for byte) or ``out_stem``.png (native
-    pixels); -> the written file."""
+    pixels), each atomically; -> the written file. An unreadable file raises :class:`DicomError`."""
     from PIL import Image
 
+    from ..io import atomic_path
+
     image = read_dicom(path)
-    out_stem.parent.mkdir(parents=True, exist_ok=True)
-    if image.jpeg is not None:
-        out = out_stem.with_suffix(".jpg")
-        out.write_bytes(image.jpeg)
-        return out
-    out = out_stem.with_suffix(".png")
-    Image.fromarray(to_8bit(image)).save(out)
+    out = out_stem.with_suffix(".jpg" if image.jpeg is not None else ".png")
+    with atomic_path(out) as tmp:
+        if image.jpeg is not None:
+            Path(tmp).write_bytes(image.jpeg)
+        else:
+            Image.fromarray(to_8bit(image)).save(tmp, format="PNG")
     return out

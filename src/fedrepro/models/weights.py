@@ -215,7 +215,7 @@ def fetch_command(spec: WeightSpec, root: str | Path = paths.WEIGHTS_DIR, force:
     return (f"    fedrepro weights {spec.id}{extra}{again}\n"
             f"or, through the workflow, `snakemake --cores 1 {manifest_path(spec, root)}`"
             + (f" after deleting {folder(spec, root)}" if force else "")
-            + "; `snakemake --cores 1 --until weights all` fetches every resource the grid needs")
+            + "; `snakemake --cores 1 all_weights` fetches every resource the configuration needs")
 
 
 def read_manifest(spec: WeightSpec, root: str | Path = paths.WEIGHTS_DIR) -> dict:

@@ -58,12 +58,16 @@ def item_definition(item: ReportItem) -> dict:
 def scorecard_definition(project: Project, paper: str) -> dict:
     """A scorecard: the tables it reads (under every protocol), the papers' titles, their stand-in data and models."""
     papers = list(project.papers) if paper == "all" else [paper]
-    return {
+    definition = {
         "paper": paper,
         "titles": {p: project.papers[p]["title"] for p in papers},
         "tables": [[protocol, p, table] for protocol, p, table in project.plan.tables() if p in papers],
         "stand_in": {p: stand_in(project, p) for p in papers},
     }
+    if project.extension:       # the cells it adds are on the card too (only then: a plain card's definition stays)
+        definition["extension"] = {f"{p}/{t}": {k: sorted(v) if isinstance(v, set) else v for k, v in added.items()}
+                                   for (p, t), added in project.extension.added.items() if p in papers}
+    return definition
 
 
 def evidence_definition(project: Project) -> dict:

@@ -7,7 +7,15 @@ difference (ours − published) and a verdict:
 - ``reproduced``  the published value lies inside our 95% interval;
 - ``above`` / ``below``  our whole interval lies above / below the published value;
 - ``no interval``  fewer than two seeds: there is no interval to judge by;
-- ``not run``  the paper printed a value, we have none.
+- ``not run``  the paper printed a value, we have none;
+- ``unpublished``  a cell an extension added (its method's row, or its setting's table: docs/plugins.md): ours
+  only, beside the published cells it is compared with in the table; not counted in the summary line.
+
+Cells of the tables that describe the data rather than results (table kinds ``split_counts`` and
+``class_balance``: client sizes, imbalance ratios) come from one split, not from runs over seeds: they are
+judged exactly (``reproduced`` when ours equals the published value to its two printed decimals, else
+``above`` / ``below``), counted apart in the summary line and drawn in a panel of their own (log axes:
+counts up to tens of thousands would squash the results' scatter).
 
 Cells whose published value the project derived or assembled (formulas expanded, values taken from
 another table) are marked ``derived`` by the published CSV itself (:mod:`fedrepro.report.published`); the
@@ -31,11 +39,14 @@ import pandas as pd
 
 from ..io import write_csv, write_text
 
-VERDICTS = ("reproduced", "above", "below", "no interval", "not run")
+VERDICTS = ("reproduced", "above", "below", "no interval", "not run", "unpublished")
 VERDICT_COLOURS = {"reproduced": "#2e7d32", "above": "#ef6c00", "below": "#c62828", "no interval": "#757575",
-                   "not run": "#757575"}
+                   "not run": "#757575", "unpublished": "#1565c0"}
 COLUMNS = ["paper", "table", "protocol", "row", "column", "mean", "ci_low", "ci_high", "n", "published",
-           "delta", "verdict", "derived", "published_mark", "published_note"]
+           "delta", "verdict", "derived", "published_mark", "published_note", "quantity"]
+# table kinds whose cells describe the data (one split), not results over seeds
+DATA_KINDS = ("split_counts", "class_balance")
+EXACT = 0.005 + 1e-9         # the published values carry at most two decimals
 
 
 def verdict(mean: float, half_width: float, n: int, published: float) -> str:
@@ -50,10 +61,23 @@ def verdict(mean: float, half_width: float, n: int, published: float) -> str:
     return "reproduced"
 
 
-def cells(table_csv: str | Path, paper: str, table: str, protocol: str) -> pd.DataFrame:
-    """The scorecard rows of one table CSV (``results/tables/...csv``): its cells with a published value."""
+def exact_verdict(value: float, published: float) -> str:
+    """A data cell (a client's size, an imbalance ratio): the published value, to its printed decimals, or not."""
+    if value is None or math.isnan(value):
+        return "not run"
+    return "reproduced" if abs(value - published) <= EXACT else "above" if value > published else "below"
+
+
+def cells(table_csv: str | Path, paper: str, table: str, protocol: str, kind: str = "runs",
+          added: dict | None = None) -> pd.DataFrame:
+    """The scorecard rows of one table CSV (``results/tables/...csv``): its cells with a published value, and the
+    cells an extension ``added`` ({"rows", "columns": labels, "all": the whole table is the extension's});
+    ``kind``: the table's kind (:data:`DATA_KINDS` are judged exactly)."""
     frame = pd.read_csv(table_csv, dtype={"row": str, "column": str}, keep_default_na=False, na_values=[""])
-    frame = frame[frame["published"].notna()]
+    added = added or {}
+    ours = frame["row"].isin(added.get("rows", ())) | frame["column"].isin(added.get("columns", ()))
+    ours = ours | bool(added.get("all"))
+    frame = frame[frame["published"].notna() | ours]
     if "derived" not in frame:
         frame = frame.assign(derived=False)
     for column in ("published_mark", "published_note"):
@@ -67,25 +91,45 @@ def cells(table_csv: str | Path, paper: str, table: str, protocol: str) -> pd.Da
         "delta": frame["mean"] - frame["published"], "derived": frame["derived"],
         "published_mark": frame["published_mark"], "published_note": frame["published_note"],
     })
-    out["verdict"] = [verdict(m, h, n, p) for m, h, n, p in zip(frame["mean"], frame["ci95"], out["n"], frame["published"])]
+    data = kind in DATA_KINDS
+    out["quantity"] = "data" if data else "results"
+    out["verdict"] = ([exact_verdict(m, p) for m, p in zip(frame["mean"], frame["published"])] if data else
+                      [verdict(m, h, n, p) for m, h, n, p in zip(frame["mean"], frame["ci95"], out["n"], frame["published"])])
+    out.loc[frame["published"].isna().to_numpy(), "verdict"] = "unpublished"
     return out[COLUMNS].reset_index(drop=True)
 
 
-def build(tables: list[tuple[str, str, str, str | Path]]) -> pd.DataFrame:
-    """``tables``: (paper, table, protocol, csv path) of every table to score."""
-    parts = [cells(path, paper, table, protocol) for paper, table, protocol, path in tables]
+def build(tables: list[tuple], added: dict | None = None) -> pd.DataFrame:
+    """``tables``: (paper, table, protocol, csv path[, table kind]) of every table to score; ``added``: (paper,
+    table) -> the cells an extension added to it (:func:`cells`)."""
+    parts = [cells(path, paper, table, protocol, *kind, added=(added or {}).get((paper, table)))
+             for paper, table, protocol, path, *kind in tables]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
 
 
+def _results_and_data(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    data = card["quantity"] == "data" if "quantity" in card else pd.Series(False, index=card.index)
+    return card[~data], card[data]
+
+
 def summary_line(card: pd.DataFrame, paper: str | None = None) -> str:
-    """e.g. "FACMIC (clean): 12 of 40 cells within the 95% interval (30 above, 2 below, 1 not run)"."""
+    """e.g. "FACMIC (clean): 12 of 40 cells within the 95% interval (30 above, 2 below, 1 not run); split sizes and
+    data statistics: 24 of 24 as published"."""
     lines = []
     for (name, protocol), part in card.groupby(["paper", "protocol"], sort=False):
-        counts = part["verdict"].value_counts()
-        judged = len(part) - counts.get("not run", 0) - counts.get("no interval", 0)
-        rest = ", ".join(f"{counts[v]} {v}" for v in VERDICTS[1:] if counts.get(v, 0))
-        lines.append(f"{paper or name} ({protocol}): {counts.get('reproduced', 0)} of {len(part)} cells within the "
-                     f"95% interval" + (f" ({rest})" if rest else "") + (f"; {judged} judged" if judged != len(part) else ""))
+        ours = int((part["verdict"] == "unpublished").sum())
+        results, data = _results_and_data(part[part["verdict"] != "unpublished"])
+        counts = results["verdict"].value_counts()
+        judged = len(results) - counts.get("not run", 0) - counts.get("no interval", 0)
+        rest = ", ".join(f"{counts[v]} {v}" for v in VERDICTS[1:-1] if counts.get(v, 0))
+        line = (f"{paper or name} ({protocol}): {counts.get('reproduced', 0)} of {len(results)} cells within the "
+                f"95% interval" + (f" ({rest})" if rest else "") + (f"; {judged} judged" if judged != len(results) else ""))
+        if len(data):
+            off = data["verdict"].value_counts()
+            rest = ", ".join(f"{off[v]} {v}" for v in ("above", "below", "not run") if off.get(v, 0))
+            line += (f"; split sizes and data statistics: {off.get('reproduced', 0)} of {len(data)} as published"
+                     + (f" ({rest})" if rest else ""))
+        lines.append(line + (f"; and {ours} cells of the extension, which have no published value" if ours else ""))
     return "\n".join(lines) if lines else f"{paper or 'all papers'}: no published cell to score"
 
 
@@ -127,7 +171,8 @@ def render_markdown(card: pd.DataFrame, title: str, stand_ins: list[str] | None 
 
 def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand_ins: list[str] | None = None) -> str:
     """The scorecard page; ``figure``: a PNG file, embedded as a data URI."""
-    colour = {"reproduced": "#d9f2d9", "above": "#fff2cc", "below": "#f8d7da", "not run": "#eeeeee", "no interval": "#eeeeee"}
+    colour = {"reproduced": "#d9f2d9", "above": "#fff2cc", "below": "#f8d7da", "not run": "#eeeeee", "no interval": "#eeeeee",
+              "unpublished": "#e3f2fd"}
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     body = "".join("<tr style='background:{}'>{}</tr>".format(colour[r[-1]], "".join(f"<td>{html.escape(c)}</td>" for c in r))
                    for r in _rows(card))
@@ -149,31 +194,47 @@ def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand
 
 
 def plot(card: pd.DataFrame, title: str, out_png: str | Path) -> None:
-    """Published (x) vs ours (y) with 95% interval bars, one point per cell, the diagonal drawn."""
+    """Published (x) vs ours (y), one point per cell, the diagonal drawn: the results with their 95% interval
+    bars, and, where the card has them, the split sizes and data statistics in a panel of their own on log axes."""
     from .plotting import pyplot, save_figure
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.2, 5.2))
-    run = card[card["n"] > 0]
+    results, data = _results_and_data(card[card["published"].notna()])   # an extension's cells have no x
+    panels = [("results", results, "ours (mean, 95% interval)", False)]
+    if len(data):
+        panels.append(("split sizes and data statistics", data, "ours (one split)", True))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5.2), squeeze=False)
+    for ax, (name, part, ylabel, log) in zip(axes[0], panels):
+        _scatter(ax, part[part["n"] > 0], log)
+        ax.set_xlabel("published")
+        ax.set_ylabel(ylabel)
+        ax.set_title(name if len(panels) > 1 else title, fontsize=10)
+    if len(panels) > 1:
+        fig.suptitle(title, fontsize=10)
+    save_figure(fig, out_png)
+    plt.close(fig)
+
+
+def _scatter(ax, run: pd.DataFrame, log: bool) -> None:
     markers = {"clean": "o", "paper": "s"}
     for (protocol, verdict_name), part in run.groupby(["protocol", "verdict"]):
         err = np.vstack([part["mean"] - part["ci_low"], part["ci_high"] - part["mean"]])
         ax.errorbar(part["published"], part["mean"], yerr=np.nan_to_num(err), fmt=markers.get(protocol, "o"),
                     color=VERDICT_COLOURS[verdict_name], ms=4, capsize=2, alpha=0.8, label=f"{verdict_name} ({protocol})")
     values = pd.concat([run["published"], run["ci_low"], run["ci_high"]]).dropna()
+    if log:
+        values = values[values > 0]
     if len(values):
         lo, hi = float(values.min()), float(values.max())
-        pad = 0.05 * (hi - lo or 1.0)
-        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", lw=1, ls="--")
-        ax.set_xlim(lo - pad, hi + pad)
-        ax.set_ylim(lo - pad, hi + pad)
-    ax.set_xlabel("published")
-    ax.set_ylabel("ours (mean, 95% interval)")
-    ax.set_title(title, fontsize=10)
+        lo, hi = (lo / 1.3, hi * 1.3) if log else (lo - 0.05 * (hi - lo or 1.0), hi + 0.05 * (hi - lo or 1.0))
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
+        if log:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
     if len(run):
         ax.legend(fontsize=7, loc="upper left")
-    save_figure(fig, out_png)
-    plt.close(fig)
 
 
 @dataclass

@@ -341,19 +341,29 @@ def write_table(result: TableResult, out_md: str | Path, bars: str) -> None:
 
 @register_table_kind("split_counts", inputs=counts_inputs)
 def build_split_counts_table(item: ReportItem) -> TableResult:
-    """Training samples per client (rows) for each listed setting (columns), from the split files."""
+    """Samples per client (rows) for each listed setting (columns), from the split files: every client's whole
+    size (``count: client``, the default: what FACMIC's Table 1 and FAA-CLIP's Table I print, "samples of each
+    client") or its training part (``count: train``)."""
     spec, table = item.spec, item.name
     seed = item.seeds[0]
     published = _published(item)
+    whole = spec.get("count", "client") == "client"
     columns, records, seeds_rows = [], [], []
     row_order: list[str] = []
     for setting in spec["settings"]:
         label = item.setting_label(setting)
         columns.append(label)
-        for _, rec in item.split_counts(setting).iterrows():
+        counts = item.split_counts(setting)
+        # the global set a run of this protocol tests on: under paper the reference set too (fl.federation.target_rows)
+        reference = float(counts.loc[counts["client"] == "reference", "total"].sum())
+        tested = reference if item.project.resolver.protocol(item.paper, setting, item.protocol) == "paper" else 0.0
+        for _, rec in counts.iterrows():
             if rec["client"] == "reference":
                 continue
-            value = float(rec["total"] if rec["client"] in ("global_test", "external") else rec["train"])
+            if rec["client"] in ("global_test", "external"):
+                value = float(rec["total"]) + (tested if rec["client"] == "global_test" else 0.0)
+            else:
+                value = float(rec.get("size", rec["total"]) if whole else rec["train"])
             row = rec["client"]
             row_order += [row] if row not in row_order else []
             seeds_rows.append({"row": row, "column": label, "seed": seed, "value": value})
@@ -362,8 +372,10 @@ def build_split_counts_table(item: ReportItem) -> TableResult:
         for col in columns:
             vals = frame[(frame.row == row) & (frame.column == col)]["value"].tolist()
             records.append(cell_record(row, col, vals, published))
-    caption = (f"{spec.get('title', table)}. Training samples per client under split seed {seed} "
-               f"(global_test / external: size of the global / external evaluation set); the published counts in parentheses.")
+    what = "Samples per client (the whole client, before its train/val/test cut)" if whole else "Training samples per client"
+    caption = (f"{spec.get('title', table)}. {what} under split seed {seed} (global_test / external: size of the "
+               f"global / external evaluation set; under the clean protocol the global set without the part held out "
+               f"as the unlabeled domain-adaptation target); the published counts in parentheses.")
     return TableResult(table, spec.get("title", table), row_order, columns, pd.DataFrame(records), frame, caption, 0)
 
 

@@ -23,7 +23,10 @@ Layout facts, and where they come from:
 - RSNA Pneumonia (Kaggle competition rsna-pneumonia-detection-challenge): ``stage_2_train_labels.csv``
   (``patientId,x,y,width,height,Target``) and ``stage_2_train_images/<patientId>.dcm``, as MGCA's
   ``constants.py`` / ``preprocess/rsna.py`` read them; a top folder named after the competition is
-  accepted (not confirmed either way).
+  accepted (not confirmed either way). The DICOMs are JPEG baseline (transfer syntax
+  1.2.840.10008.1.2.4.50), 8-bit MONOCHROME2, 1024 x 1024, Secondary Capture written by OFFIS DCMTK
+  3.6.0: the pydicom dump of ``stage_2_train_images/0004cfab-14fd-4e49-80ba-63a80b6bddd6.dcm`` in public
+  exploratory notebooks of the competition; their JPEG stream is copied as it is.
 - COVIDx: FedDRA's README says "version 6 of COVIDx dataset in Kaggle" (andyczhao/covidx-cxr2) and its
   ``constants.py`` (like MGCA's) reads ``train_COVIDx9A.txt`` / ``test_COVIDx9A.txt`` (lines
   ``<patient id> <filename> <label> <source>``, label normal / pneumonia / COVID-19) with the images in
@@ -44,7 +47,16 @@ import pandas as pd
 from ...registry import preparer, register_dataset
 from ...seeding import numpy_rng
 from ..manifest import ManifestError, make_manifest
-from ..prepare import find_file, missing_folder
+from ..prepare import (
+    find_file,
+    missing_folder,
+    read_table,
+    require_columns,
+    require_listed,
+    whole_numbers,
+    with_unreadable,
+)
+from ..report_sections import report_sections
 from ..spec import DatasetSpec, Source
 
 # --------------------------------------------------------------------------------------------
@@ -98,19 +110,6 @@ register_dataset(DatasetSpec(
     options={"views": ("PA", "AP"), "min_tokens": 3},
 ))
 
-SECTION = re.compile(r"^\s*([A-Z][A-Z /&()-]{2,40}):", re.MULTILINE)
-
-
-def report_sections(text: str) -> dict[str, str]:
-    """Split a MIMIC-CXR report into its upper-case ``HEADING:`` sections (lower-cased keys)."""
-    sections = {}
-    matches = list(SECTION.finditer(text))
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-        sections[m.group(1).strip().lower()] = text[m.end():end].strip()
-    return sections
-
-
 def clean_caption(text: str) -> str:
     """MGCA's report cleaning as the FedDRA code runs it (``pretrain_dataset.py``): newlines become spaces,
     the text is cut at numbered-list marks ("1.") and at every "."; a sentence is its lower-cased ``\\w+``
@@ -128,10 +127,15 @@ def clean_caption(text: str) -> str:
     return " ".join(sentences)
 
 
-def report_caption(text: str) -> str:
-    """Impression + " " + findings of a report (as MGCA/FedDRA pre-train on), cleaned."""
-    sections = report_sections(text)
-    return clean_caption(sections.get("impression", "") + " " + sections.get("findings", ""))
+def report_caption(text: str, study: int | None = None) -> str:
+    """Impression + " " + findings of a report (as MGCA/FedDRA pre-train on), cleaned: the sections by MIT-LCP's
+    rules (:mod:`fedrepro.data.report_sections`, the data's own definition, under both protocols); a study with
+    neither (or one MIT-LCP sections by hand, absent from its sectioned table) has none, as MGCA's
+    ``preprocess/mimic_cxr.py`` drops it. A missing one of the two reads as a space (MGCA's ``fillna(" ")``)."""
+    sections = report_sections(text, None if study is None else f"s{study}")
+    if "impression" not in sections and "findings" not in sections:
+        return ""
+    return clean_caption(sections.get("impression", " ") + " " + sections.get("findings", " "))
 
 
 def findings_code(row: pd.Series) -> int:
@@ -139,11 +143,18 @@ def findings_code(row: pd.Series) -> int:
     return int(sum(1 << i for i, name in enumerate(FINDINGS) if not pd.isna(row.get(name))))
 
 
-def _table(base: Path, stem: str) -> pd.DataFrame:
+MIMIC_COLUMNS = {"mimic-cxr-2.0.0-metadata.csv": ("dicom_id", "subject_id", "study_id", "ViewPosition"),
+                 "mimic-cxr-2.0.0-split.csv": ("dicom_id", "split"),
+                 "mimic-cxr-2.0.0-chexpert.csv": ("subject_id", "study_id", *FINDINGS)}
+
+
+def _table(base: Path, stem: str, spec: DatasetSpec) -> tuple[pd.DataFrame, Path]:
     for folder in (base, base / "downloads"):
         for name in (f"{stem}.gz", stem):
             if (folder / name).exists():
-                return pd.read_csv(folder / name)
+                table = read_table(folder / name, spec)
+                require_columns(table, MIMIC_COLUMNS[stem], folder / name, spec)
+                return table, folder / name
     raise FileNotFoundError(f"{stem}(.gz) not found in {base} or {base / 'downloads'}: it downloads with "
                             f"`fedrepro download mimic_cxr --raw-dir {base.parent}` (PhysioNet credentials), or place "
                             f"https://physionet.org/files/{MIMIC_JPG}/{stem}.gz there by hand")
@@ -157,46 +168,57 @@ def _report(base: Path, folder: str, study: int) -> Path | None:
     return None
 
 
-@preparer("mimic_cxr")
-def mimic_cxr(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
-    """Frontal (PA/AP) images with a report; caption = impression + findings (studies whose caption
-    has fewer than ``min_tokens`` tokens are dropped); label = the 32-way findings code; split =
-    MIMIC-CXR-JPG's official split (validate -> val). A study without a report file is an error
-    naming the missing reports (an unpacked reports zip has one for every study)."""
+def mimic_frontal_images(spec: DatasetSpec, raw_root: Path) -> tuple[pd.DataFrame, dict[int, Path]]:
+    """The frontal (PA/AP) images of the three tables, merged, and the report of each of their studies;
+    every report and every image checked to be there (what the download step checks, without reading
+    the 227,835 reports). A study without a report file is an error naming the missing reports (an
+    unpacked reports zip has one for every study)."""
     base = raw_root / spec.name
     if not (base / "files").is_dir():
         raise missing_folder(base / "files", spec)
-    meta = _table(base, "mimic-cxr-2.0.0-metadata.csv")
-    split = _table(base, "mimic-cxr-2.0.0-split.csv")
-    chexpert = _table(base, "mimic-cxr-2.0.0-chexpert.csv")
+    meta, meta_path = _table(base, "mimic-cxr-2.0.0-metadata.csv", spec)
+    split, _ = _table(base, "mimic-cxr-2.0.0-split.csv", spec)
+    chexpert, _ = _table(base, "mimic-cxr-2.0.0-chexpert.csv", spec)
     meta = meta[meta["ViewPosition"].isin(spec.options["views"])]
     frame = meta[["dicom_id", "subject_id", "study_id", "ViewPosition"]].merge(
         split[["dicom_id", "split"]], on="dicom_id").merge(chexpert, on=["subject_id", "study_id"], how="left")
-    captions: dict[int, str] = {}
-    no_report: list[str] = []
-    rows = []
-    for rec in frame.to_dict("records"):
-        subject, study = str(int(rec["subject_id"])), int(rec["study_id"])
-        folder = f"files/p{subject[:2]}/p{subject}"
-        if study not in captions:
-            report = _report(base, folder, study)
-            if report is None:
-                no_report.append(f"{folder}/s{study}.txt")
-            captions[study] = report_caption(report.read_text(errors="replace")) if report else ""
-        caption = captions[study]
-        if len(caption.split()) < spec.options["min_tokens"]:
-            continue
-        code = findings_code(pd.Series({k: rec.get(k) for k in FINDINGS}))
-        rows.append({"path": f"{spec.name}/{folder}/s{study}/{rec['dicom_id']}.jpg", "class_name": MIMIC_CLASSES[code],
-                     "split": {"validate": "val"}.get(rec["split"], rec["split"]), "caption": caption,
-                     "subject_id": int(rec["subject_id"]), "study_id": study, "view": rec["ViewPosition"]})
+    frame["folder"] = [f"files/p{str(int(s))[:2]}/p{int(s)}" for s in frame["subject_id"]]
+    reports, no_report = {}, []
+    for folder, study in frame[["folder", "study_id"]].drop_duplicates().itertuples(index=False):
+        report = _report(base, folder, int(study))
+        if report is None:
+            no_report.append(f"{folder}/s{int(study)}.txt")
+        reports[int(study)] = report
     if no_report:
         raise ManifestError(
-            f"{len(no_report)} of {len(captions)} studies have no report in {base} (looked in "
+            f"{len(no_report)} of {len(reports)} studies have no report in {base} (looked in "
             f"files/... and mimic-cxr-reports/files/...), e.g. {no_report[:3]}. The reports are "
             f"mimic-cxr-reports.zip of PhysioNet project mimic-cxr 2.0.0 (https://physionet.org/content/mimic-cxr/2.0.0/): "
             f"`fedrepro download mimic_cxr --raw-dir {raw_root}` fetches and unpacks it with PhysioNet credentials, or "
             f"unpack it into {base}/ by hand")
+    frame["path"] = [f"{spec.name}/{folder}/s{int(study)}/{dicom}.jpg"
+                     for folder, study, dicom in frame[["folder", "study_id", "dicom_id"]].itertuples(index=False)]
+    require_listed(spec, meta_path, frame["path"], raw_root, hint="the image tree (files/, placed with wget -r) is incomplete;")
+    return frame, reports
+
+
+@preparer("mimic_cxr", check=mimic_frontal_images)
+def mimic_cxr(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    """Frontal (PA/AP) images with a report; caption = impression + findings (:func:`report_caption`; studies
+    whose caption has fewer than ``min_tokens`` tokens are dropped); label = the 32-way findings code; split =
+    MIMIC-CXR-JPG's official split (validate -> val; MGCA's "valid", validate and test together, is the split
+    spec's ``merge_splits: {test: val}``)."""
+    frame, reports = mimic_frontal_images(spec, raw_root)
+    captions = {study: report_caption(path.read_text(errors="replace"), study) for study, path in reports.items()}
+    rows = []
+    for rec in frame.to_dict("records"):
+        study = int(rec["study_id"])
+        if len(captions[study].split()) < spec.options["min_tokens"]:
+            continue
+        code = findings_code(pd.Series({k: rec.get(k) for k in FINDINGS}))
+        rows.append({"path": rec["path"], "class_name": MIMIC_CLASSES[code],
+                     "split": {"validate": "val"}.get(rec["split"], rec["split"]), "caption": captions[study],
+                     "subject_id": int(rec["subject_id"]), "study_id": study, "view": rec["ViewPosition"]})
     return make_manifest(rows, spec.classes)
 
 
@@ -235,32 +257,50 @@ def stratified_split(labels: np.ndarray, fractions: dict[str, float], rng: np.ra
     return out
 
 
-@preparer("rsna_pneumonia")
-def rsna_pneumonia(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
-    """One row per patient: label = any Target 1, ``boxes`` = JSON [[x, y, w, h], ...] in pixels of the
-    1024 x 1024 image. The DICOMs are converted once into ``images/`` (the encapsulated JPEG copied
-    byte for byte). The official test images have no labels, so train/val/test are a stratified
-    70/15/15 split of the training patients (fixed seed) [the paper gives no split]."""
-    from ..dicom import convert_dicom
+RSNA_COLUMNS = ("patientId", "x", "y", "width", "height", "Target")
 
+
+def rsna_pneumonia_patients(spec: DatasetSpec, raw_root: Path) -> list[tuple[str, pd.DataFrame, Path]]:
+    """(patient, label rows, DICOM) of every patient of ``stage_2_train_labels.csv``, each DICOM checked
+    to be there: what the download step checks."""
     base = raw_root / spec.name
     labels_csv = find_file(base, "stage_2_train_labels.csv", spec, max_depth=1, search_downloads=False)
     dicoms = labels_csv.parent / "stage_2_train_images"
     if not dicoms.is_dir():
         raise missing_folder(dicoms, spec)
-    table = pd.read_csv(labels_csv)
-    rows = []
-    for patient, group in table.groupby("patientId", sort=True):
-        source = dicoms / f"{patient}.dcm"
+    table = read_table(labels_csv, spec)
+    require_columns(table, RSNA_COLUMNS, labels_csv, spec)
+    table["Target"] = whole_numbers(table, ("Target",), labels_csv, allowed=(0, 1))["Target"]
+    patients = [(str(patient), group, dicoms / f"{patient}.dcm") for patient, group in table.groupby("patientId", sort=True)]
+    require_listed(spec, labels_csv, [path for *_, path in patients], raw_root)
+    return patients
+
+
+@preparer("rsna_pneumonia", check=rsna_pneumonia_patients)
+def rsna_pneumonia(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    """One row per patient: label = any Target 1, ``boxes`` = JSON [[x, y, w, h], ...] in pixels of the
+    1024 x 1024 image. The DICOMs are converted once into ``images/`` (the encapsulated JPEG copied
+    byte for byte); one that cannot be read keeps its DICOM path and is listed as unreadable
+    (``data.corrupt_images``). The official test images have no labels, so train/val/test are a
+    stratified 70/15/15 split of the training patients (fixed seed) [the paper gives no split]."""
+    from ..dicom import DicomError, convert_dicom
+
+    base = raw_root / spec.name
+    rows, failed = [], []
+    for patient, group, source in rsna_pneumonia_patients(spec, raw_root):
         converted = [p for p in (base / "images" / f"{patient}.jpg", base / "images" / f"{patient}.png") if p.exists()]
-        image = converted[0] if converted else convert_dicom(source, base / "images" / patient)
+        try:
+            image = converted[0] if converted else convert_dicom(source, base / "images" / patient)
+        except DicomError as error:
+            image = source
+            failed.append((source.relative_to(raw_root).as_posix(), error.reason))
         positive = group[group["Target"] == 1]
         boxes = [[float(r.x), float(r.y), float(r.width), float(r.height)] for r in positive.itertuples()]
         rows.append({"path": image.relative_to(raw_root).as_posix(), "class_name": "pneumonia" if len(positive) else "normal",
                      "boxes": json.dumps(boxes), "patient": patient})
     frame = make_manifest(rows, spec.classes)
     frame["split"] = stratified_split(frame["label"].to_numpy(), spec.options["split_fractions"], numpy_rng(0, "rsna-split"))
-    return frame
+    return with_unreadable(frame, failed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,13 +338,14 @@ def covidx(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     uses the 3-class version; the later binary release (positive/negative) cannot be mapped onto it.
     ``<split>_COVIDx9A.txt`` is read where it exists, else ``<split>.txt``."""
     base = raw_root / spec.name
-    rows = []
+    rows, listings = [], []
     for split, names in COVIDX_LABEL_FILES.items():
         listing = next((base / n for n in names if (base / n).is_file()), None)
         if listing is None:
             if split == "val":
                 continue
             raise FileNotFoundError(f"none of {list(names)} in {base}; {COVIDX_3CLASS_HELP}; place them in {base}/")
+        listings.append(listing)
         images = base / split if (base / split).is_dir() else base / "train"  # val images live in train/ where there is no val/
         for line_no, line in enumerate(listing.read_text().splitlines(), 1):
             fields = line.split()
@@ -320,8 +361,6 @@ def covidx(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
                 raise ManifestError(f"{listing}:{line_no}: unknown label {fields[2]!r}; allowed: normal, pneumonia, COVID-19")
             rows.append({"path": (images / fields[1]).relative_to(raw_root).as_posix(), "class_name": COVIDX_LABELS[label],
                          "split": split, "source": fields[3] if len(fields) > 3 else "", "patient": fields[0]})
-    absent = [r["path"] for r in rows if not (raw_root / r["path"]).is_file()]
-    if absent:
-        raise ManifestError(f"{len(absent)} of {len(rows)} images named in the COVIDx label files are not in {base}, "
-                            f"e.g. {absent[:3]}: the label files belong to another release than the images")
+    require_listed(spec, " and ".join(str(path) for path in listings), [r["path"] for r in rows], raw_root,
+                   hint="the label files belong to another release than the images, or an unpack stopped part-way?")
     return make_manifest(rows, spec.classes)

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ...registry import preparer, register_dataset
 from ..manifest import ManifestError, make_manifest
-from ..prepare import find_file, find_folder, list_images
+from ..prepare import find_file, find_folder, list_images, read_table, require_columns
 from ..spec import DatasetSpec, Source
 
 log = logging.getLogger(__name__)
@@ -81,9 +81,8 @@ def hyperkvasir(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
         labels_path = find_file(root, HYPERKVASIR_LABELS, spec, max_depth=0)
     except FileNotFoundError:
         return frame  # placed by hand without the table: the folder tree alone defines the labels
-    table = pd.read_csv(labels_path, dtype=str, keep_default_na=False)
-    if "Finding" not in table:
-        raise ManifestError(f"{labels_path} has no Finding column; expected Video file,Organ,Finding,Classification")
+    table = read_table(labels_path, spec, dtype=str, keep_default_na=False)
+    require_columns(table, ("Finding",), labels_path, spec)
     listed = table["Finding"].map(_finding_key).value_counts()
     found = frame["class_name"].map(_finding_key).value_counts()
     diff = {k: (int(listed.get(k, 0)), int(found.get(k, 0))) for k in sorted(set(listed.index) | set(found.index))

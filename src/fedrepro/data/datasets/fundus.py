@@ -5,8 +5,9 @@ demo twin of that combination.
 Both fundus preparers circle-crop every image once (:func:`circle_crop`, the paper's "tightly
 centred circle cropping", berenslab/fundus_circle_cropping) and store a ``crop_size`` x
 ``crop_size`` PNG next to the raw files (``<dataset>/preprocessed_<size>/...``); the manifest points
-at those, and ``original_path`` keeps the raw file. Unreadable raw images keep their raw path, so the
-prepare step's image check reports them (``data.corrupt_images``).
+at those, and ``original_path`` keeps the raw file. An image that cannot be read or cropped keeps its
+raw path and is listed as unreadable with the reason (``data.corrupt_images`` leaves it out or refuses).
+Every image a label table lists must be there before anything is cropped.
 
 Also FedDRA's retinal data: MESSIDOR and BRSET (pre-training) and mBRSET (downstream).
 
@@ -43,7 +44,17 @@ from PIL import Image
 
 from ...registry import preparer, register_dataset
 from ..manifest import ManifestError, make_manifest
-from ..prepare import dependency_manifest, find_file, missing_folder, pixel_digest
+from ..prepare import (
+    dependency_manifest,
+    find_file,
+    missing_folder,
+    pixel_digest,
+    read_table,
+    require_columns,
+    require_listed,
+    whole_numbers,
+    with_unreadable,
+)
 from ..spec import DatasetSpec, Source
 
 FUNDUS_CLASSES = ("healthy", "diseased")     # DR grade 0 vs grades 1-4
@@ -151,35 +162,37 @@ def circle_crop(image: np.ndarray, threshold: float = 10.0) -> np.ndarray:
     return out
 
 
-def crop_and_resize(source: Path, target: Path, size: int) -> bool:
-    """Circle-crop ``source`` and write it as a ``size`` x ``size`` PNG; False if it cannot be read."""
+def crop_and_resize(source: Path, target: Path, size: int) -> str | None:
+    """Circle-crop ``source`` and write it as a ``size`` x ``size`` PNG; -> why it could not (None: done)."""
     try:
         with Image.open(source) as im:
             rgb = np.asarray(im.convert("RGB"))
         cropped = circle_crop(rgb)
-    except (OSError, ValueError):
-        return False
+    except (OSError, ValueError, SyntaxError) as exc:
+        return f"{type(exc).__name__}: {exc}"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     Image.fromarray(cropped).resize((size, size), Image.Resampling.BICUBIC).save(tmp, format="PNG")
     tmp.replace(target)
-    return True
+    return None
 
 
-def preprocess_images(dataset_dir: Path, relative: list[str], size: int, workers: int = 8) -> list[str]:
+def preprocess_images(dataset_dir: Path, relative: list[str], size: int, workers: int = 8) -> tuple[list[str], list[tuple[str, str]]]:
     """Circle-crop + resize every image once into ``<dataset_dir>/preprocessed_<size>/`` (kept across
-    runs: existing files are reused). -> the new paths relative to ``dataset_dir``; images that cannot
-    be read keep their raw path."""
+    runs: existing files are reused). -> (the new paths relative to ``dataset_dir``, [(raw path, reason)]
+    of the images that cannot be read, which keep their raw path)."""
     folder = f"preprocessed_{size}"
 
-    def one(rel: str) -> str:
+    def one(rel: str) -> tuple[str, str | None]:
         out = Path(folder) / Path(rel).with_suffix(".png")
-        if (dataset_dir / out).exists() or crop_and_resize(dataset_dir / rel, dataset_dir / out, size):
-            return out.as_posix()
-        return rel
+        if (dataset_dir / out).exists():
+            return out.as_posix(), None
+        why = crop_and_resize(dataset_dir / rel, dataset_dir / out, size)
+        return (rel, why) if why else (out.as_posix(), None)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, relative))
+        done = list(pool.map(one, relative))
+    return [path for path, _ in done], [(path, why) for path, why in done if why]
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,68 +215,82 @@ def _relative_image_path(path: str, image_set: str) -> str:
     return path[cut:] if cut > 0 else path.lstrip("/")
 
 
-@preparer("eyepacs_sites")
-def eyepacs_sites(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
-    """Field-1 images of the ``image_set`` folder with adequate or better quality and a DR grade,
-    binary DR label (grade 0 -> healthy, 1-4 -> diseased), ``source`` = clinical site ("" where the
-    metadata has none: such rows belong to no site) - the table the authors' get_dataset builds.
-
-    ``metadata_row`` is each image's position in that table (the metadata file's order, counted
-    from 0 after the filters, rows without a site included): the authors' faulty indexing
-    (split kind ``sites_authors_index``) reads positions of this table, not of the manifest, which
-    is sorted by path."""
+def eyepacs_images(spec: DatasetSpec, raw_root: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The metadata rows the filters keep and their image paths (relative to the dataset folder), each
+    image checked to be there: what the download step checks."""
     opts = spec.options
     base = raw_root / spec.name
     meta_path = base / opts["metadata"]
     if not meta_path.is_file():
         raise missing_folder(meta_path, spec)
-    meta = pd.read_csv(meta_path, low_memory=False)
+    meta = read_table(meta_path, spec, low_memory=False)
     quality = next((c for c in ("session_image_quality", "image_quality") if c in meta.columns), None)
-    required = ["image_path", "image_field", "diagnosis_image_dr_level", "clinical_siteIdentifier"]
-    missing = [c for c in required if c not in meta.columns] + ([] if quality else ["session_image_quality"])
-    if missing:
-        raise ManifestError(f"{meta_path} lacks the column(s) {missing}; required: {required} and "
-                            f"session_image_quality (or image_quality); found: {sorted(meta.columns)[:20]}")
+    require_columns(meta, ["image_path", "image_field", "diagnosis_image_dr_level", "clinical_siteIdentifier",
+                           quality or "session_image_quality"], meta_path, spec)
     keep = (meta["image_path"].astype(str).str.contains(opts["image_set"], regex=False)
             & (meta["image_field"].astype(str).str.strip().str.lower() == opts["field"].lower())
             & meta[quality].astype(str).str.strip().isin(opts["qualities"])
             & meta["diagnosis_image_dr_level"].notna())
-    chosen = meta[keep]
+    # the authors' table: the same filters as exact comparisons (berenslab/FedAdapterProto lib/utils.py::get_dataset);
+    # authors_row = a kept row's position in it, -1 for a row only the forgiving filters keep
+    exact = (keep & (meta["image_field"] == opts["field"]) & meta[quality].isin(opts["qualities"])).to_numpy()
+    chosen = meta[keep].assign(authors_row=np.where(exact, np.cumsum(exact) - 1, -1)[keep.to_numpy()])
     if chosen.empty:
         raise ManifestError(f"{meta_path}: no image passes the filters ({opts['image_set']!r} in image_path, "
                             f"image_field == {opts['field']!r}, quality in {list(opts['qualities'])})")
     relative = [_relative_image_path(p, opts["image_set"]) for p in chosen["image_path"]]
-    present = [(base / rel).is_file() for rel in relative]
-    if not any(present):
-        raise FileNotFoundError(f"none of the {len(relative)} images listed in {meta_path} exists under {base} "
-                                f"(first: {relative[0]}); image_path must be relative to {base}")
-    paths = preprocess_images(base, relative, int(opts["crop_size"]))
+    require_listed(spec, meta_path, relative, base, hint=f"image_path must be relative to {base};")
+    return chosen, relative
+
+
+@preparer("eyepacs_sites", check=eyepacs_images)
+def eyepacs_sites(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    """Field-1 images of the ``image_set`` folder with adequate or better quality and a DR grade,
+    binary DR label (grade 0 -> healthy, 1-4 -> diseased), ``source`` = clinical site ("" where the
+    metadata has none: such rows belong to no site) - the table the authors' get_dataset builds.
+
+    The field and quality filters forgive case and surrounding spaces ("Field 1 " is field 1).
+    ``metadata_row`` is each image's position in the authors' own table: the rows their ``get_dataset``
+    (berenslab/FedAdapterProto lib/utils.py) keeps with its exact comparisons (``image_field == 'field 1'``,
+    ``session_image_quality.isin([...])``), in the metadata file's order, counted from 0, rows without a site
+    included; empty for a row only the forgiving filters keep. The authors' faulty indexing (split kind
+    ``sites_authors_index``) reads positions of that table, so one row more or less shifts every client: it
+    reads only the rows with a ``metadata_row``, in that order (not the manifest's, which is sorted by path)."""
+    base = raw_root / spec.name
+    chosen, relative = eyepacs_images(spec, raw_root)
+    paths, failed = preprocess_images(base, relative, int(spec.options["crop_size"]))
     grades = chosen["diagnosis_image_dr_level"].astype(int).to_numpy()
     sites = chosen["clinical_siteIdentifier"]
     rows = [{"path": f"{spec.name}/{path}", "class_name": FUNDUS_CLASSES[int(grade > 0)], "source": _site_name(site),
-             "split": "", "dr_level": int(grade), "original_path": f"{spec.name}/{rel}", "metadata_row": position}
-            for position, (path, rel, grade, site) in enumerate(zip(paths, relative, grades, sites))]
-    return make_manifest(rows, spec.classes)
+             "split": "", "dr_level": int(grade), "original_path": f"{spec.name}/{rel}",
+             "metadata_row": int(position) if position >= 0 else None}
+            for path, rel, grade, site, position in zip(paths, relative, grades, sites, chosen["authors_row"])]
+    return with_unreadable(make_manifest(rows, spec.classes), [(f"{spec.name}/{p}", why) for p, why in failed])
 
 
-@preparer("aptos2019_binary")
+def aptos_images(spec: DatasetSpec, raw_root: Path) -> tuple[Path, pd.DataFrame, list[str]]:
+    """(the folder of train.csv, its rows, their image paths relative to it), each image checked to be
+    there: what the download step checks."""
+    table_path = find_file(raw_root / spec.name, "train.csv", spec, max_depth=1, search_downloads=False)
+    table = read_table(table_path, spec)
+    require_columns(table, ("id_code", "diagnosis"), table_path, spec)
+    relative = [f"train_images/{code}.png" for code in table["id_code"]]
+    require_listed(spec, table_path, relative, table_path.parent)
+    return table_path.parent, table, relative
+
+
+@preparer("aptos2019_binary", check=aptos_images)
 def aptos2019_binary(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     """APTOS 2019 training images (the only labelled part) as an external test set: grade 0 ->
     healthy, 1-4 -> diseased, ``split`` = test, ``source`` = aptos2019."""
-    table_path = find_file(raw_root / spec.name, "train.csv", spec, max_depth=1, search_downloads=False)
-    base = table_path.parent
-    table = pd.read_csv(table_path)
-    missing = [c for c in ("id_code", "diagnosis") if c not in table.columns]
-    if missing:
-        raise ManifestError(f"{table_path} lacks the column(s) {missing}; expected id_code, diagnosis")
-    relative = [f"train_images/{code}.png" for code in table["id_code"]]
-    paths = preprocess_images(base, relative, int(spec.options["crop_size"]))
-    grades = table["diagnosis"].astype(int).to_numpy()
+    base, table, relative = aptos_images(spec, raw_root)
+    paths, failed = preprocess_images(base, relative, int(spec.options["crop_size"]))
+    grades = whole_numbers(table, ("diagnosis",), base / "train.csv", allowed=range(5))["diagnosis"]
     prefix = base.relative_to(raw_root).as_posix()
     rows = [{"path": f"{prefix}/{path}", "class_name": FUNDUS_CLASSES[int(grade > 0)], "source": spec.name,
              "split": "test", "dr_level": int(grade), "original_path": f"{prefix}/{rel}"}
             for path, rel, grade in zip(paths, relative, grades)]
-    return make_manifest(rows, spec.classes)
+    return with_unreadable(make_manifest(rows, spec.classes), [(f"{prefix}/{p}", why) for p, why in failed])
 
 
 @preparer("with_external")
@@ -346,12 +373,12 @@ register_dataset(DatasetSpec(
 MESSIDOR_COLUMNS = ("Image name", "Retinopathy grade", "Risk of macular edema")
 
 
-def _read_annotation(path: Path) -> pd.DataFrame:
+def _read_annotation(path: Path, spec: DatasetSpec) -> pd.DataFrame:
     if path.suffix.lower() == ".csv":
-        table = pd.read_csv(path)
+        table = read_table(path, spec)
     else:
         try:
-            table = pd.read_excel(path, engine="calamine")   # pandas' reader for .xls (xlrd's is deprecated)
+            table = read_table(path, spec, pd.read_excel, engine="calamine")   # pandas' reader for .xls (xlrd's is deprecated)
         except ImportError:
             raise ImportError(f"reading {path} needs python-calamine (a dependency of fedrepro: pip install "
                               f"python-calamine), or save it as {path.with_suffix('.csv').name} next to it") from None
@@ -370,20 +397,24 @@ def messidor_annotations(base: Path) -> dict[str, Path]:
 
 @preparer("messidor")
 def messidor(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    """Every one of the twelve parts' annotation tables, and every image each lists (beside it)."""
     base = raw_root / spec.name
     annotations = messidor_annotations(base)
-    if not annotations:
-        raise missing_folder(base / "Base11" / "Annotation_Base11.xls", spec)
+    absent = [b for b in MESSIDOR_BASES if b not in annotations]
+    if absent:
+        raise ManifestError(f"{len(absent)} of the 12 MESSIDOR parts have no annotation table under {base}: {absent} "
+                            f"(Annotation_<part>.xls, or a .csv export of it); download those parts from "
+                            f"{spec.homepage} and unpack each into {base}/; {spec.name} should read: {spec.layout}")
     rows = []
     for _, path in sorted(annotations.items()):
-        table = _read_annotation(path)
-        missing = [c for c in MESSIDOR_COLUMNS if c not in table.columns]
-        if missing:
-            raise ManifestError(f"{path}: annotation lacks columns {missing}; columns present: {list(table.columns)}")
+        table = _read_annotation(path, spec)
+        require_columns(table, MESSIDOR_COLUMNS, path, spec)
+        grades = whole_numbers(table, MESSIDOR_COLUMNS[1:], path)
         folder = path.parent.relative_to(raw_root).as_posix()
-        for rec in table.to_dict("records"):
-            rows.append(retina_row(f"{folder}/{rec['Image name']}", "messidor", int(rec["Retinopathy grade"]),
-                                   int(rec["Risk of macular edema"]), MESSIDOR_EDEMA))
+        images = [f"{folder}/{name}" for name in table["Image name"]]
+        require_listed(spec, path, images, raw_root, hint="its images belong beside the table;")
+        rows += [retina_row(image, "messidor", int(dr), int(edema), MESSIDOR_EDEMA)
+                 for image, dr, edema in zip(images, grades[MESSIDOR_COLUMNS[1]], grades[MESSIDOR_COLUMNS[2]])]
     return make_manifest(rows, spec.classes)
 
 
@@ -419,16 +450,17 @@ def _first_existing(base: Path, names: tuple[str, ...], spec: DatasetSpec) -> Pa
 @preparer("brset")
 def brset(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     base = raw_root / spec.name
-    table = pd.read_csv(_first_existing(base, ("labels.csv", "labels_brset.csv"), spec))
-    missing = [c for c in ("image_id", "DR_ICDR", "macular_edema") if c not in table.columns]
-    if missing:
-        raise ManifestError(f"BRSET labels lack columns {missing}; columns present: {list(table.columns)}")
+    path = _first_existing(base, ("labels.csv", "labels_brset.csv"), spec)
+    table = read_table(path, spec)
+    require_columns(table, ("image_id", "DR_ICDR", "macular_edema"), path, spec)
+    grades = whole_numbers(table, ("DR_ICDR", "macular_edema"), path)
     rows = []
-    for rec in table.itertuples(index=False):
+    for rec, dr, edema in zip(table.itertuples(index=False), grades["DR_ICDR"], grades["macular_edema"]):
         image = str(rec.image_id)
         image = image if image.lower().endswith((".jpg", ".jpeg", ".png")) else f"{image}.jpg"
-        rows.append(retina_row(f"{spec.name}/fundus_photos/{image}", "brset", int(rec.DR_ICDR), int(rec.macular_edema),
+        rows.append(retina_row(f"{spec.name}/fundus_photos/{image}", "brset", int(dr), int(edema),
                                BRSET_EDEMA, patient=str(getattr(rec, "patient_id", ""))))
+    require_listed(spec, path, [r["path"] for r in rows], raw_root)
     return make_manifest(rows, spec.classes)
 
 
@@ -489,11 +521,11 @@ def mbrset(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     (the second downstream task reads it with label_column: edema and leaves -1 rows out; the DR task
     keeps them); rows without a DR grade are left out."""
     base = raw_root / spec.name
-    table = pd.read_csv(_first_existing(base, ("labels_mbrset.csv",), spec))
-    missing = [c for c in ("file", "final_icdr", "final_edema") if c not in table.columns]
-    if missing:
-        raise ManifestError(f"mBRSET labels lack columns {missing}; columns present: {list(table.columns)}")
+    path = _first_existing(base, ("labels_mbrset.csv",), spec)
+    table = read_table(path, spec)
+    require_columns(table, ("file", "final_icdr", "final_edema"), path, spec)
     table = table[table["final_icdr"].notna()]
+    require_listed(spec, path, [f"images/{f}" for f in table["file"]], base)
     rows = [{"path": f"{spec.name}/images/{rec.file}", "class_name": "dr" if int(rec.final_icdr) > 0 else "no_dr",
              "dr_grade": int(rec.final_icdr), "edema": _yes_no(rec.final_edema), "patient": str(getattr(rec, "patient", ""))}
             for rec in table.itertuples(index=False)]

@@ -7,8 +7,8 @@ Kaggle account of the API token; about 180 GB zipped). The preparer reads ``stag
 ``rsna_ich/png/`` (resumable). Windowing: HU = pixels * slope + intercept, clipped to
 [center - width/2, center + width/2] and scaled to 0..255; ``window: brain`` uses the standard brain
 window (40, 80) for every image, ``dicom`` the file's own WindowCenter/WindowWidth; ``png_size``
-resizes (0 keeps 512 x 512). DICOM files are read by the project's own reader
-(``fedrepro.data.dicom``), no extra dependency.
+resizes (0 keeps 512 x 512). DICOM files are read with pydicom (:mod:`fedrepro.data.dicom`); a slice
+that cannot be read is listed as unreadable and left out or refused as ``data.corrupt_images`` says.
 
 Slices stored with 12 bits, unsigned, and a rescale intercept above -100 (BitsStored 12,
 PixelRepresentation 0, RescaleIntercept > -100) have values that only make sense shifted: before
@@ -33,10 +33,15 @@ and its ``ichDataset`` (wnn2000/FedIIC, ``dataset/dataset.py``) reads ``stage_1_
 That notebook (read from a public copy) windows each slice with the file's own WindowCenter/Width,
 scales the windowed slice min-max to 0..255 and resizes it bicubically to 128 x 128; its published
 output is the Kaggle dataset guiferviz/rsna_stage1_png_128 (``stage_1_train_images/``,
-``stage_1_test_images/``), which that dataset takes as it is. Its labels: ``stage_1_train.csv`` where
-placed, else the competition's ``stage_2_train.csv`` (which labels every stage-1 training image; the
-stage-1 test images in it have no PNG in ``stage_1_train_images`` and are left out). Whether the PNG
-dataset ships a label table of its own is not confirmed; either is accepted.
+``stage_1_test_images/``), which that dataset takes as it is. Its labels: ``ichDataset`` reads them from
+``<root>/data.csv`` (columns ``id``, ``class``: one single-subtype class per slice, split 7:1:2 with
+``np.random.seed(0)``), a file the FedIIC repository does not release. Its public source is the
+competition's label table: ``stage_1_train.csv`` where placed, else ``stage_2_train.csv`` (which labels
+every stage-1 training slice and every stage-1 test slice), reduced to the slices labelled with exactly
+one subtype, as FedIIC's single-label task (and FedIRM / DynamicBank before it) needs. With
+``stage_2_train.csv`` every labelled slice must have its PNG in ``stage_1_train_images/`` or
+``stage_1_test_images/`` (the test slices are left out), so a missing PNG is named, not taken for a
+test slice. Whether the PNG dataset ships a label table of its own is not confirmed; either is accepted.
 """
 
 from __future__ import annotations
@@ -49,7 +54,15 @@ import pandas as pd
 
 from ...registry import preparer, register_dataset
 from ..manifest import ManifestError, make_manifest
-from ..prepare import find_file, find_folder, missing_folder
+from ..prepare import (
+    find_file,
+    find_folder,
+    missing_folder,
+    read_table,
+    require_columns,
+    require_listed,
+    with_unreadable,
+)
 from ..spec import DatasetSpec, Source
 
 log = logging.getLogger(__name__)
@@ -92,8 +105,8 @@ register_dataset(DatasetSpec(
                note="the label table only (accept the competition rules first); stage_1_train.csv, where you have it, "
                     "is read instead; digest: trust-on-first-use"),
     ),
-    layout="stage_1_train_images/ID_<image>.png (128 x 128, possibly below a wrapper folder) and stage_1_train.csv or "
-           "stage_2_train.csv (ID,Label) in the dataset folder or downloads/",
+    layout="stage_1_train_images/ID_<image>.png and stage_1_test_images/ID_<image>.png (128 x 128, possibly below a "
+           "wrapper folder) and stage_1_train.csv or stage_2_train.csv (ID,Label) in the dataset folder or downloads/",
     prepare="rsna_ich_stage1_png",
     access="rules",
     homepage="https://www.kaggle.com/datasets/guiferviz/rsna_stage1_png_128",
@@ -103,29 +116,34 @@ register_dataset(DatasetSpec(
 ))
 
 
-def single_type_labels(frame: pd.DataFrame) -> pd.DataFrame:
+def single_type_labels(frame: pd.DataFrame, path: Path, spec: DatasetSpec) -> pd.DataFrame:
     """stage_2_train.csv (ID = ID_<image>_<type>, Label) -> [image, subtype] for images positive for
-    'any' and exactly one of the five subtypes."""
-    if not {"ID", "Label"} <= set(frame.columns):
-        raise ValueError(f"stage_2_train.csv must have columns ID, Label; found {list(frame.columns)}")
+    'any' and exactly one of the five subtypes; a table without those columns, types or 0/1 labels is an
+    error naming ``path``."""
+    require_columns(frame, ("ID", "Label"), path, spec)
     frame = frame.drop_duplicates("ID")
-    parts = frame["ID"].str.rsplit("_", n=1, expand=True)
-    wide = pd.DataFrame({"image": parts[0], "type": parts[1], "label": frame["Label"].astype(int)}) \
-        .pivot(index="image", columns="type", values="label")
+    parts = frame["ID"].astype(str).str.rsplit("_", n=1, expand=True)
+    labels = pd.to_numeric(frame["Label"], errors="coerce")
+    if parts.shape[1] < 2 or labels.isna().any():
+        bad = frame[labels.isna()]["ID"].head(3).tolist() if labels.isna().any() else frame["ID"].head(3).tolist()
+        raise ManifestError(f"{path}: rows must read ID_<image>_<type>,<0|1>; e.g. {bad} do not")
+    wide = pd.DataFrame({"image": parts[0], "type": parts[1], "label": labels.astype(int)}) \
+        .pivot_table(index="image", columns="type", values="label", aggfunc="max")
     missing = [t for t in (*ICH_SUBTYPES, "any") if t not in wide.columns]
     if missing:
-        raise ValueError(f"stage_2_train.csv has no rows for the types {missing}")
+        raise ManifestError(f"{path} has no rows for the types {missing} (ID_<image>_<type>); is it the competition's "
+                            f"label table?")
     subtypes = wide[list(ICH_SUBTYPES)].fillna(0)
     keep = (wide["any"].fillna(0) == 1) & (subtypes.sum(axis=1) == 1)
     chosen = subtypes[keep].idxmax(axis=1)
     return pd.DataFrame({"image": chosen.index, "subtype": chosen.to_numpy()}).sort_values("image").reset_index(drop=True)
 
 
-def read_label_table(path: Path) -> pd.DataFrame:
+def read_label_table(path: Path, spec: DatasetSpec) -> pd.DataFrame:
     """A competition label table, also when Kaggle's single-file download sent it zipped."""
     import zipfile
 
-    return pd.read_csv(path, compression="zip" if zipfile.is_zipfile(path) else "infer")
+    return read_table(path, spec, compression="zip" if zipfile.is_zipfile(path) else "infer")
 
 
 def correct_12bit(pixels: np.ndarray, intercept: float, bits_stored: int | None, signed: bool) -> tuple[np.ndarray, float]:
@@ -147,15 +165,12 @@ def window_ct(pixels: np.ndarray, slope: float, intercept: float, center: float,
 
 
 def read_dicom(path: Path) -> tuple[np.ndarray, dict]:
-    """(stored pixel array, {slope, intercept, center, width}) of an uncompressed DICOM slice, the
-    12-bit correction applied (:func:`correct_12bit`); the file's own window falls back to the brain
-    window when it has none."""
-    from ..dicom import DicomError
-    from ..dicom import read_dicom as read_part10
+    """(stored pixel array, {slope, intercept, center, width}) of a CT slice (any transfer syntax pydicom
+    decodes), the 12-bit correction applied (:func:`correct_12bit`); the file's own window falls back to
+    the brain window when it has none. An unreadable slice raises :class:`~fedrepro.data.dicom.DicomError`."""
+    from ..dicom import read_dicom as read_file
 
-    image = read_part10(path)
-    if image.pixels is None:
-        raise DicomError(f"{path}: compressed pixel data; RSNA ICH slices are expected uncompressed")
+    image = read_file(path, keep_jpeg=False)
     pixels, intercept = correct_12bit(image.pixels, image.intercept, image.bits_stored, image.signed)
     center, width = image.window or BRAIN_WINDOW
     return pixels, {"slope": image.slope, "intercept": intercept, "center": center, "width": width}
@@ -175,44 +190,75 @@ def dicom_to_png(source: Path, target: Path, window: str, size: int) -> None:
         image.save(tmp, format="PNG")
 
 
-@preparer("rsna_ich")
-def prepare_rsna_ich(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
-    """The competition's stage-2 training slices (the archive's top folder may be kept)."""
-    from tqdm import tqdm
-
+def rsna_ich_slices(spec: DatasetSpec, raw_root: Path) -> list[tuple[str, str, Path]]:
+    """(image, subtype, DICOM) of every single-subtype slice of ``stage_2_train.csv`` (the archive's top
+    folder may be kept), each DICOM checked to be there: what the download step checks."""
     base = raw_root / spec.name
     table = find_file(base, "stage_2_train.csv", spec, max_depth=1, search_downloads=False)
     dicoms = table.parent / "stage_2_train"
     if not dicoms.is_dir():
         raise missing_folder(dicoms, spec)
+    labels = single_type_labels(read_label_table(table, spec), table, spec)
+    slices = [(image, subtype, dicoms / f"{image}.dcm") for image, subtype in labels.itertuples(index=False)]
+    require_listed(spec, table, [path for *_, path in slices], raw_root)
+    return slices
+
+
+@preparer("rsna_ich", check=rsna_ich_slices)
+def prepare_rsna_ich(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
+    """The competition's stage-2 training slices, each windowed to ``png/<image>.png`` once; a slice that
+    cannot be read keeps its DICOM path and is listed as unreadable (``data.corrupt_images``)."""
+    from tqdm import tqdm
+
+    from ..dicom import DicomError
+
+    base = raw_root / spec.name
     window = spec.options.get("window", "brain")
     if window not in ("brain", "dicom"):
-        raise ValueError(f"rsna_ich option window = {window!r}; allowed: brain, dicom")
-    labels = single_type_labels(pd.read_csv(table))
-    rows = []
-    for image, subtype in tqdm(labels.itertuples(index=False), total=len(labels), desc="DICOM -> PNG", unit="img"):
+        raise ManifestError(f"rsna_ich option window = {window!r}; allowed: brain, dicom")
+    slices = rsna_ich_slices(spec, raw_root)
+    rows, failed = [], []
+    for image, subtype, dicom in tqdm(slices, desc="DICOM -> PNG", unit="img"):
         png = base / "png" / f"{image}.png"
         if not png.exists():
-            dicom_to_png(dicoms / f"{image}.dcm", png, window, int(spec.options.get("png_size", 256)))
+            try:
+                dicom_to_png(dicom, png, window, int(spec.options.get("png_size", 256)))
+            except DicomError as error:
+                png = dicom
+                failed.append((dicom.relative_to(raw_root).as_posix(), error.reason))
         rows.append({"path": png.relative_to(raw_root).as_posix(), "class_name": subtype})
-    return make_manifest(rows, spec.classes)
+    return with_unreadable(make_manifest(rows, spec.classes), failed)
+
+
+def rsna_ich_png_slices(spec: DatasetSpec, raw_root: Path) -> list[tuple[Path, str]]:
+    """(PNG, subtype) of every single-subtype slice of the label table that has a stage-1 training PNG.
+    With ``stage_1_train.csv`` every labelled slice must have one; with the competition's
+    ``stage_2_train.csv`` (stage 1's training slices plus its test slices) every labelled slice must be in
+    ``stage_1_train_images`` or ``stage_1_test_images``, so a missing PNG is told from a test slice."""
+    base = raw_root / spec.name
+    images = find_folder(base, "stage_1_train_images", spec)
+    table = find_file(base, ("stage_1_train.csv", "stage_2_train.csv"), spec)
+    labels = single_type_labels(read_label_table(table, spec), table, spec)
+    pngs = {p.stem: p for p in images.iterdir() if p.suffix.lower() == ".png"}
+    if table.name == "stage_1_train.csv":
+        require_listed(spec, table, [images / f"{i}.png" for i in labels["image"]], raw_root)
+    else:
+        tests = images.parent / "stage_1_test_images"
+        if not tests.is_dir():
+            raise missing_folder(tests, spec)
+        test_pngs = {p.stem for p in tests.iterdir() if p.suffix.lower() == ".png"}
+        require_listed(spec, table, [images / f"{i}.png" for i in labels["image"] if i not in test_pngs], raw_root,
+                       hint=f"labelled slices that are neither in {images.name}/ nor in {tests.name}/;")
+    present = [(pngs[image], subtype) for image, subtype in labels.itertuples(index=False) if image in pngs]
+    if not present:
+        raise ManifestError(f"none of the {len(labels)} single-subtype slices of {table} has a PNG in {images}")
+    return present
 
 
 @preparer("rsna_ich_stage1_png")
 def prepare_rsna_ich_stage1_png(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     """The authors' PNGs as they are; label = the single subtype of each slice in the label table
     (slices with none or several subtypes are left out, as for ``rsna_ich``)."""
-    base = raw_root / spec.name
-    images = find_folder(base, "stage_1_train_images", spec)
-    table = find_file(base, ("stage_1_train.csv", "stage_2_train.csv"), spec)
-    pngs = {p.stem: p for p in images.iterdir() if p.suffix.lower() == ".png"}
-    labels = single_type_labels(read_label_table(table))
-    present = labels[labels["image"].isin(pngs)]
-    if table.name == "stage_1_train.csv" and len(present) < len(labels):
-        absent = sorted(set(labels["image"]) - set(pngs))
-        raise ManifestError(f"{len(absent)} single-subtype slices of {table} have no PNG in {images}, e.g. {absent[:3]}")
-    if present.empty:
-        raise ManifestError(f"none of the {len(labels)} single-subtype slices of {table} has a PNG in {images}")
-    rows = [{"path": pngs[image].relative_to(raw_root).as_posix(), "class_name": subtype}
-            for image, subtype in present.itertuples(index=False)]
+    rows = [{"path": png.relative_to(raw_root).as_posix(), "class_name": subtype}
+            for png, subtype in rsna_ich_png_slices(spec, raw_root)]
     return make_manifest(rows, spec.classes)

@@ -38,7 +38,17 @@ import pandas as pd
 from ...registry import preparer, register_dataset
 from ...seeding import numpy_rng
 from ..manifest import ManifestError, make_manifest
-from ..prepare import class_folder_rows, dependency_manifest, find_file, find_folder, list_images, missing_folder
+from ..prepare import (
+    class_folder_rows,
+    dependency_manifest,
+    find_file,
+    find_folder,
+    list_images,
+    missing_folder,
+    read_table,
+    require_columns,
+    require_listed,
+)
 from ..spec import DatasetSpec, Source
 
 # ---------------------------------------------------------------------------------------------
@@ -151,27 +161,20 @@ def isic2019(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     base = raw_root / spec.name
     images = find_folder(base, "ISIC_2019_Training_Input", spec)
     truth_path = find_file(base, ISIC2019_TRUTH, spec)
-    truth = pd.read_csv(truth_path, dtype={"image": str})
-    missing = [c for c in ("image", *spec.classes) if c not in truth.columns]
-    if missing:
-        raise ManifestError(f"{truth_path} lacks columns {missing}; expected image,{','.join(spec.classes)},UNK")
-    onehot = truth[list(spec.classes)].to_numpy(dtype=float)
+    truth = read_table(truth_path, spec, dtype={"image": str})
+    require_columns(truth, ("image", *spec.classes), truth_path, spec)
+    onehot = truth[list(spec.classes)].apply(pd.to_numeric, errors="coerce").fillna(-1).to_numpy(dtype=float)
     bad = ~np.isclose(onehot.sum(axis=1), 1.0)
     if bad.any():
         raise ManifestError(f"{truth_path}: {int(bad.sum())} rows are not one-hot over {list(spec.classes)} "
                             f"(UNK or several labels), e.g. {truth['image'][bad].head(3).tolist()}")
     meta_path = find_file(base, ISIC2019_META, spec)
-    meta = pd.read_csv(meta_path, dtype={"image": str, "lesion_id": str}, keep_default_na=False)
-    if "image" not in meta or "lesion_id" not in meta:
-        raise ManifestError(f"{meta_path} lacks the image/lesion_id columns; expected image,age_approx,"
-                            f"anatom_site_general,lesion_id,sex")
+    meta = read_table(meta_path, spec, dtype={"image": str, "lesion_id": str}, keep_default_na=False)
+    require_columns(meta, ("image", "lesion_id"), meta_path, spec)
     lesion = dict(zip(meta["image"], meta["lesion_id"]))
-    present = {p.stem: p for p in images.iterdir() if p.suffix.lower() == ".jpg"}
-    absent = [i for i in truth["image"] if i not in present]
-    if absent:
-        raise ManifestError(f"{len(absent)} images of {truth_path.name} are missing in {images}, e.g. {absent[:3]}")
+    require_listed(spec, truth_path, [images / f"{image}.jpg" for image in truth["image"]], raw_root)
     rows = [{
-        "path": present[image].relative_to(raw_root).as_posix(),
+        "path": (images / f"{image}.jpg").relative_to(raw_root).as_posix(),
         "class_name": spec.classes[label],
         "source": _collection(lesion.get(image, "")),
         "image_id": isic_image_id(image),
@@ -215,11 +218,11 @@ register_dataset(DatasetSpec(
 ))
 
 
-def read_ham_metadata(path: Path) -> pd.DataFrame:
-    with open(path, encoding="utf-8") as fh:
+def read_ham_metadata(path: Path, spec: DatasetSpec) -> pd.DataFrame:
+    with open(path, encoding="utf-8", errors="replace") as fh:
         header = fh.readline()
     sep = "\t" if path.suffix == ".tab" or ("\t" in header and "," not in header) else ","
-    return pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False)
+    return read_table(path, spec, sep=sep, dtype=str, keep_default_na=False)
 
 
 @preparer("ham10000")
@@ -229,7 +232,7 @@ def ham10000(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     images show the same lesion: group by it to avoid leaks between splits)."""
     base = raw_root / spec.name
     meta_path = find_file(base, HAM_METADATA, spec)
-    meta = read_ham_metadata(meta_path)
+    meta = read_ham_metadata(meta_path, spec)
     missing = [c for c in ("lesion_id", "image_id", "dx", "dataset") if c not in meta.columns]
     if missing:
         hint = (" (an older release without the sub-source column, e.g. the Kaggle copy; use the Dataverse metadata)"
@@ -237,9 +240,8 @@ def ham10000(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
         raise ManifestError(f"{meta_path} lacks columns {missing}{hint}; "
                             f"expected lesion_id,image_id,dx,dx_type,age,sex,localization,dataset")
     images = {p.stem: p for p in list_images(base)}
-    absent = [i for i in meta["image_id"] if i not in images]
-    if absent:
-        raise ManifestError(f"{len(absent)} images listed in {meta_path.name} are missing under {base}, e.g. {absent[:3]}")
+    require_listed(spec, meta_path, [images.get(i, f"{i}.jpg") for i in meta["image_id"]], base,
+                   hint="HAM10000_images_part_1.zip and _part_2.zip unpack anywhere in the dataset folder;")
     rows = [{
         "path": images[rec.image_id].relative_to(raw_root).as_posix(),
         "class_name": rec.dx,
@@ -294,11 +296,15 @@ register_dataset(DatasetSpec(
 
 
 def stratified_test_split(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """``"test"`` for round(fraction * n_c) randomly chosen members of every class c, ``"train"`` for the rest."""
+    """``"test"`` for int(fraction * n_c) randomly chosen members of every class c (rounded down), ``"train"``
+    for the rest. Rounded down because that is the only per-class cut that gives the papers' ISIC 2019 client
+    (FACMIC Real / FAA-CLIP SC: 19,766 training images): on the public release's 24,703 images of the 7 classes
+    (AK 867, BCC 3,323, DF 239, MEL 4,522, NV 12,875, BKL 2,624, VASC 253) rounding down leaves 19,766 for
+    training and 4,937 for testing; rounding to nearest leaves 19,762, a cut of the whole set 19,762 or 19,763."""
     split = np.full(len(labels), "train", dtype=object)
     for c in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == c))
-        split[members[: int(round(fraction * len(members)))]] = "test"
+        split[members[: int(fraction * len(members))]] = "test"
     return split
 
 
@@ -423,9 +429,10 @@ register_dataset(DatasetSpec(
 # --------------------------------------------------------------------------------------------
 # PH2 and derm7pt (Interactive Atlas of Dermoscopy)
 
-def parse_ph2_table(text: str) -> pd.DataFrame:
+def parse_ph2_table(text: str, path: Path | str = "PH2_dataset.txt") -> pd.DataFrame:
     """PH2_dataset.txt ('||'-separated table with a 'Name' and a 'Clinical Diagnosis' column:
-    0 common nevus, 1 atypical nevus, 2 melanoma) -> [name, class_name]."""
+    0 common nevus, 1 atypical nevus, 2 melanoma) -> [name, class_name]; what is wrong with it is one
+    :class:`ManifestError` naming ``path``."""
     header, rows = None, []
     for line in text.splitlines():
         if "||" not in line:
@@ -436,16 +443,17 @@ def parse_ph2_table(text: str) -> pd.DataFrame:
         elif header is not None and cells and cells[0].upper().startswith("IMD"):
             rows.append(cells)
     if header is None or "clinical diagnosis" not in header:
-        raise ValueError("PH2_dataset.txt: no header row with 'Name' and 'Clinical Diagnosis' columns")
+        raise ManifestError(f"{path}: no header row with 'Name' (first) and 'Clinical Diagnosis' columns "
+                            f"(found {header}); is it the database's own PH2_dataset.txt?")
     col = header.index("clinical diagnosis")
     names = {"0": "common_nevus", "1": "atypical_nevus", "2": "melanoma"}
     out = []
     for cells in rows:
         code = cells[col] if col < len(cells) else ""
         if code not in names:
-            raise ValueError(f"PH2_dataset.txt: image {cells[0]} has clinical diagnosis {code!r}; expected 0, 1 or 2")
+            raise ManifestError(f"{path}: image {cells[0]} has clinical diagnosis {code!r}; expected 0, 1 or 2")
         out.append({"name": cells[0], "class_name": names[code]})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=["name", "class_name"])
 
 
 @preparer("ph2")
@@ -455,17 +463,15 @@ def prepare_ph2(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     (``composition``) before anything is read from it."""
     table = find_file(raw_root / spec.name, "PH2_dataset.txt", spec, max_depth=2, search_downloads=False)
     root = table.parent
-    labels = parse_ph2_table(table.read_text(encoding="utf-8", errors="replace"))
+    labels = parse_ph2_table(table.read_text(encoding="utf-8", errors="replace"), table)
     counts = labels["class_name"].value_counts().to_dict()
     if counts != spec.options["composition"]:
         raise ManifestError(f"{table} lists {counts}; the PH2 database has {spec.options['composition']} (Mendonca et al. "
                             f"2013): this copy is incomplete or altered, get it from another mirror")
-    rows = []
-    for rec in labels.itertuples(index=False):
-        image = root / "PH2 Dataset images" / rec.name / f"{rec.name}_Dermoscopic_Image" / f"{rec.name}.bmp"
-        if not image.exists():
-            raise FileNotFoundError(f"{image} listed in {table} is missing; {spec.name} should read: {spec.layout}")
-        rows.append({"path": image.relative_to(raw_root).as_posix(), "class_name": rec.class_name, "source": "ph2"})
+    images = [root / "PH2 Dataset images" / name / f"{name}_Dermoscopic_Image" / f"{name}.bmp" for name in labels["name"]]
+    require_listed(spec, table, images, raw_root)
+    rows = [{"path": image.relative_to(raw_root).as_posix(), "class_name": class_name, "source": "ph2"}
+            for image, class_name in zip(images, labels["class_name"])]
     return make_manifest(rows, spec.classes)
 
 
@@ -475,13 +481,12 @@ def prepare_derm7pt(spec: DatasetSpec, raw_root: Path) -> pd.DataFrame:
     meta_csv = root / "meta" / "meta.csv"
     if not meta_csv.exists():
         raise missing_folder(meta_csv, spec)
-    meta = pd.read_csv(meta_csv)
-    for column in ("diagnosis", "derm"):
-        if column not in meta.columns:
-            raise ValueError(f"{meta_csv} has no column {column!r}; columns: {list(meta.columns)}")
-    unknown = sorted(set(meta["diagnosis"].str.strip().str.lower()) - set(DERM7PT_DIAGNOSES))
+    meta = read_table(meta_csv, spec)
+    require_columns(meta, ("diagnosis", "derm"), meta_csv, spec)
+    unknown = sorted(set(meta["diagnosis"].astype(str).str.strip().str.lower()) - set(DERM7PT_DIAGNOSES))
     if unknown:
-        raise ValueError(f"{meta_csv}: diagnoses {unknown} are not mapped; known: {sorted(DERM7PT_DIAGNOSES)}")
+        raise ManifestError(f"{meta_csv}: diagnoses {unknown} are not mapped; known: {sorted(DERM7PT_DIAGNOSES)}")
+    require_listed(spec, meta_csv, [root / "images" / str(derm) for derm in meta["derm"]], raw_root)
     rows = []
     for rec in meta.itertuples(index=False):
         diagnosis = str(rec.diagnosis).strip().lower()
@@ -511,7 +516,7 @@ def prepare_fediic_real(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -
     ham = dependency_manifest(manifest_dir, spec, "ham10000")
     unknown = sorted(set(opts["ham_sources"]) - set(ham["source"]))
     if unknown:
-        raise ValueError(f"fediic_real: HAM10000 sub-sources {unknown} not in the ham10000 manifest; "
+        raise ManifestError(f"fediic_real: HAM10000 sub-sources {unknown} not in the ham10000 manifest; "
                          f"available: {sorted(set(ham['source']))}")
     rows += [{"path": r.path, "class_name": HAM_TO_REAL[r.class_name], "source": r.source, "split": "train"}
              for r in ham.itertuples(index=False) if r.source in opts["ham_sources"]]
@@ -519,7 +524,8 @@ def prepare_fediic_real(spec: DatasetSpec, raw_root: Path, manifest_dir: Path) -
     ham_ids = {image_id(p) for p in ham["path"]}
     pool = isic[isic["class_name"].isin(REAL_CLASSES) & ~isic["path"].map(image_id).isin(ham_ids)]
     if len(pool) < opts["test_size"]:
-        raise ValueError(f"fediic_real: only {len(pool)} ISIC 2019 images outside HAM10000 for a test set of {opts['test_size']}")
+        raise ManifestError(f"fediic_real: only {len(pool)} ISIC 2019 images outside HAM10000 for a test set of "
+                            f"{opts['test_size']}: is the isic2019 manifest complete?")
     picked = pool.iloc[np.sort(np.random.default_rng(opts["seed"]).permutation(len(pool))[: opts["test_size"]])]
     rows += [{"path": r.path, "class_name": r.class_name, "source": "isic2019", "split": "test"}
              for r in picked.itertuples(index=False)]

@@ -13,9 +13,11 @@ training and the fifth for testing".
 positions of each site's rows are taken in a frame *filtered* to the training sites (re-indexed from
 0) and the test positions in a frame filtered to the test site, and both are then used as rows of the
 *unfiltered* table - the authors' metadata table in its file order (after the image-set, field,
-quality and grade filters, rows without a site included), which the manifest keeps as the column
-``metadata_row``. The splitter sees the pool in that order (``pool_order``; a manifest without the
-column, e.g. the demo twin, keeps its own order). The clients therefore get the first
+quality and grade filters as their exact string comparisons, rows without a site included), which the
+manifest keeps as the column ``metadata_row``. The splitter sees the pool in that order, and only the rows
+of that table (``pool_order``, ``pool_order_only``: a row the forgiving filters of the manifest keep but the
+authors' exact ones drop would shift every position after it; a manifest without the column, e.g. the demo
+twin, keeps its own order and rows). The clients therefore get the first
 ``sum(n_train_sites)`` rows of the table regardless of their site, and the "test site" gets rows
 ``0 .. n_test - 1``, all of which are also training or validation rows of some client: the test set
 leaks into training and the site heterogeneity disappears. Offered only to reproduce the published
@@ -79,3 +81,4 @@ def split_sites_authors_index(labels, sources, spec, rng) -> Partition:
 
 
 split_sites_authors_index.pool_order = "metadata_row"
+split_sites_authors_index.pool_order_only = True    # the authors' exact filters keep only these rows

@@ -26,8 +26,10 @@ algorithm, but not the authors' clients. Kind ``fediic_code`` reproduces the aut
 (``dataset/dataset.py::SkinDataset`` and ``train_FedIIC.py``): the ground-truth CSV in its own row order
 (manifest column ``truth_row``), permuted by ``np.random.seed(0)``; the first 70 % of the permutation
 is the training set, the next 10 % the validation set and the last 20 % the test set; the sampler
-runs on the training set's labels in permutation order with ``np.random.RandomState(seed)`` (the
-code's ``--seed``, 0; the permutation seed is fixed at 0 in the code whatever ``--seed`` is). The code's
+runs on the training set's labels in permutation order with ``np.random.RandomState(seed)``, ``seed`` =
+the split's partition seed (the code's ``--seed``, 0 by default; the grid sets ``partition_seed: run``, so
+the clients follow the run seed as the code's do); the permutation seed is fixed at 0 in the code whatever
+``--seed`` is. The code's
 validation set is one global set; here it is cut into ``clients`` contiguous chunks that become the
 clients' validation parts, so that their union - what ``selection.validation: pooled`` scores - is
 the code's validation set.
@@ -100,7 +102,7 @@ CODE_PERMUTATION_SEED, CODE_TRAIN_END, CODE_VAL_END = 0, 0.7, 0.8
 @splitter("fediic_code")
 def split_fediic_code(labels, sources, spec, rng):
     """The authors' clients, validation and test sets (see the module docstring); ``rng`` is
-    ``numpy.random.RandomState(split seed)``, the code's ``RandomState(args.seed)``."""
+    ``numpy.random.RandomState(partition seed)``, the code's ``RandomState(args.seed)``."""
     if spec.get("global_test", "none") != "none" or spec.get("subset") or spec.get("external") \
             or float(spec.get("reference_fraction", 0)) > 0:
         raise SplitError("fediic_code cuts its own test set from the whole dataset: set global_test: none, and no "
