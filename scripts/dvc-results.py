@@ -17,8 +17,9 @@ push   checks that Snakemake has nothing left to do (else it refuses, unless --f
 pull   downloads the stages (default: manifests if they were pushed, splits, runs, downstream results, embeddings,
        tables, figures, scorecards, the evidence page; no raw data, weights, image or feature caches, or checkpoints:
        nothing a table, figure, scorecard or the report is made of is left behind) into DVC's cache,
-       checks every downloaded file against its MD5 in dvc.lock before it touches the workspace (a corrupt
-       copy on the remote is refused by name), puts them in place, checks that the workspace now matches
+       checks every downloaded file against its MD5 in dvc.lock before it touches the workspace (a bad copy in
+       the local cache, which DVC takes as fetched, is downloaded again; one that is still bad, a corrupt copy
+       on the remote, is refused by name), puts them in place, checks that the workspace now matches
        dvc.lock, then lets Snakemake re-order modification times (``snakemake --touch``). DVC does not keep
        mtimes, so without this step Snakemake would see inputs newer than outputs and rerun them.
        Afterwards ``snakemake -n`` reports nothing to do, every table, figure and scorecard rebuilds from the
@@ -177,28 +178,47 @@ def pull(args, root: Path) -> None:
     if not stages:
         raise Failure("dvc.lock records no results to pull; push some first (scripts/dvc-results.py push)")
     remote = default_remote(root)
-    fetched = run(["dvc", "fetch", *stages], capture=True, check=False)
-    if fetched.returncode:
-        raise Failure(f"downloading {', '.join(stages)} from {remote} failed (`dvc fetch`, exit {fetched.returncode}); "
-                      f"nothing in the workspace was changed:\n{(fetched.stderr or fetched.stdout).strip()}")
+    fetch(stages, remote)
     bad = verify_fetched(locked, stages)
+    if bad:
+        # a copy in DVC's cache can be bad here, not on the remote, while DVC takes it as fetched (its size and mtime
+        # are those DVC recorded): verify_fetched dropped it, so download those once more before blaming the remote
+        print(f"{len(bad)} file(s) in DVC's cache do not match dvc.lock (copies DVC takes as fetched): "
+              f"downloading them again", file=sys.stderr)
+        fetch(stages, remote)
+        bad = verify_fetched(locked, stages)
     if bad:
         listed = "\n".join(f"  {path}: {problem}" for path, problem in bad[:20])
         more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
-        raise Failure(f"{len(bad)} file(s) downloaded from {remote} do not match dvc.lock:\n{listed}{more}\n"
-                      f"Nothing in the workspace was changed, and the bad copies were dropped from DVC's cache. The "
-                      f"remote holds a corrupt copy: push these results again from a machine that has them "
-                      f"(scripts/dvc-results.py push), then pull.")
+        raise Failure(f"{len(bad)} file(s) downloaded from {remote} do not match dvc.lock, also when downloaded "
+                      f"again:\n{listed}{more}\nNothing in the workspace was changed, and the bad copies were dropped "
+                      f"from DVC's cache. The remote holds a corrupt copy: push these results again from a machine "
+                      f"that has them (scripts/dvc-results.py push), then pull.")
     run(["dvc", "checkout", *stages])
     status = json.loads(run(["dvc", "status", "--json", *stages], capture=True).stdout or "{}")
     if status:
         raise Failure(f"after the pull the workspace still differs from dvc.lock, so modification times are "
                       f"left alone (touching would hide real changes):\n{json.dumps(status, indent=2)}")
-    run(["snakemake", "--touch", "--cores", "1", *args.snakemake])
+    touched = run(["snakemake", "--touch", "--cores", "1", *args.snakemake], capture=True, check=False)
+    if touched.returncode:
+        output = (touched.stdout + touched.stderr).strip()
+        if "LockException" in output:
+            raise Failure(f"the files are in place, but Snakemake refused to update their modification times: a "
+                          f"snakemake that was stopped (an interrupted pull, a killed run) left its lock on this folder. "
+                          f"If no other snakemake is running here, remove it (snakemake --unlock "
+                          f"{' '.join(args.snakemake)}) and pull again.")
+        raise Failure(f"`snakemake --touch` failed with exit code {touched.returncode}:\n{output[-3000:]}")
     pending = pending_jobs(args.snakemake)
     print(f"pulled {', '.join(stages)}; Snakemake has "
           + ("nothing to do." if not pending else f"{pending} job(s) to run (outputs that were not pushed)."),
           file=sys.stderr)
+
+
+def fetch(stages: list[str], remote: str) -> None:
+    fetched = run(["dvc", "fetch", *stages], capture=True, check=False)
+    if fetched.returncode:
+        raise Failure(f"downloading {', '.join(stages)} from {remote} failed (`dvc fetch`, exit {fetched.returncode}); "
+                      f"nothing in the workspace was changed:\n{(fetched.stderr or fetched.stdout).strip()}")
 
 
 def default_remote(root: Path) -> str:

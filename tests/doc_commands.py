@@ -199,8 +199,13 @@ HOW: dict[str, How] = {
     "snakemake --cores 1 report --configfile config/config.yaml": Instead(
         "snakemake -n --cores 1 report --configfile config/config.yaml", "after a pull (tests/test_dvc.py builds the "
         "report from pulled files); here the plan of it", "report"),
-    "snakemake <table> --cores all --configfile=<config> --forcerun <split> <run>/metrics.json": Skip(
+    "snakemake <table> --cores all --configfile=<config> --forcerun <split> <features> <run>/metrics.json": Skip(
         "the form of the rebuild command a refusal names; tests/faults/test_stale_runs.py runs the real one"),
+    "snakemake <table>": Skip("a placeholder for one table's target (the concrete ones are planned above)"),
+    "snakemake --unlock": RUN,
+    "snakemake --unlock --configfile=<config>": Instead("snakemake --unlock --configfile=config/demo.yaml",
+                                                        "a concrete config", "Unlocked working directory"),
+    "snakemake --unlock ...": Skip("the form of the command a stopped run's lock message names (tests/faults runs it)"),
     "git push": Skip("needs a git remote"),
     "git clone <repo> && cd <repo>": Skip("your repository's address"),
     "snakemake --cores 2 results/tables/<protocol>/<paper>/<table>.md -R table --configfile config/config.yaml": Instead(

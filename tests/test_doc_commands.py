@@ -86,7 +86,8 @@ def message_texts(path: Path):
 
 
 def test_every_command_a_message_names_would_run():
-    """A `snakemake` command in a message names --cores (or a profile, or -n): Snakemake refuses to run without it.
+    """A `snakemake` command in a message names --cores (or a profile, or -n; --unlock runs no job): Snakemake refuses
+    to run without it.
     A `fedrepro` command names a command and options the CLI has."""
     from fedrepro.cli import build_parser
 
@@ -100,7 +101,7 @@ def test_every_command_a_message_names_would_run():
             for match in snakemake.finditer(text):
                 if match.group(1).split()[0].startswith(("-", "{", "results", "resources", "<", "all")):
                     checked += 1
-                    if not re.search(r"--cores|--profile|(^| )(-n|--dry-run|--lint|--touch)( |$)", match.group(1)):
+                    if not re.search(r"--cores|--profile|(^| )(-n|--dry-run|--lint|--touch|--unlock)( |$)", match.group(1)):
                         bad.append(f"{where}: `snakemake{match.group(1)}` has no --cores (Snakemake refuses it)")
             for match in fedrepro.finditer(text):
                 if match.group(1) not in commands:

@@ -33,7 +33,7 @@ from conftest import ROOT, copy_repo_skeleton
 pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "examples/fedrepro-fedavgm"
-RESULTS = "results/demo"      # the demo configuration's results folder (results_dir)
+RESULTS = "results"      # config/tiny.yaml below sets no results_dir (config/demo.yaml's results/demo is not read)
 TABLES = f"{RESULTS}/extensions/fedavgm/tables/clean/fediic"
 
 
@@ -58,7 +58,7 @@ def snakemake(python: Path, work: Path, env: dict, *args: str) -> subprocess.Com
 
 def trained(log: str) -> set[str]:
     """The runs a Snakemake log (or dry run) trains: their folders."""
-    return set(re.findall(r"output: (results/demo/runs/[^,\s]+)/metrics\.json", log))
+    return set(re.findall(rf"output: ({RESULTS}/runs/[^,\s]+)/metrics\.json", log))
 
 
 @pytest.fixture(scope="module")

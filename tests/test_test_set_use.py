@@ -206,6 +206,7 @@ def test_opted_in_run_is_recorded_in_manifest_metrics_and_caption(tiny_inputs, t
 
 def test_an_overlapping_split_stops_the_run_before_training(tiny_inputs, monkeypatch):
     from fedrepro.fl.federation import SplitOverlap
+    from fedrepro.io import with_content_digest
     from fedrepro.train import train_run
 
     workdir, run = tiny_inputs
@@ -215,7 +216,7 @@ def test_an_overlapping_split_stops_the_run_before_training(tiny_inputs, monkeyp
     split["clients"]["client0"]["train"] = sorted(split["clients"]["client0"]["train"] + leaked)
     bad = copy.deepcopy(run)
     bad["paths"]["split"] = "resources/splits/overlapping.json"
-    Path(bad["paths"]["split"]).write_text(json.dumps(split))
+    Path(bad["paths"]["split"]).write_text(json.dumps(with_content_digest(split)))    # as a splitter would write it
     shown = ", ".join(map(str, sorted(leaked)))
     with pytest.raises(SplitOverlap, match=rf"resources/splits/overlapping\.json: .*client0/train and global_test share "
                                            rf"2 row\(s\) \(manifest rows {shown}\)"):
@@ -223,7 +224,7 @@ def test_an_overlapping_split_stops_the_run_before_training(tiny_inputs, monkeyp
     assert not Path("overlap/out").exists() and not Path("overlap/ckpt").exists()      # nothing trained
     # the same overlap, declared by the split (as FedAdapterProto's authors' indexing does), runs
     split["declared_overlaps"] = [{"parts": ["clients", "global_test"], "reason": "reproduces a leak on purpose"}]
-    Path(bad["paths"]["split"]).write_text(json.dumps(split))
+    Path(bad["paths"]["split"]).write_text(json.dumps(with_content_digest(split)))
     train_run(bad, "overlap/out", "overlap/ckpt")
     assert Path("overlap/out/metrics.json").exists()
 

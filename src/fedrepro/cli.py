@@ -72,7 +72,7 @@ def cmd_prepare(args) -> None:
 def cmd_split(args) -> None:
     from .data.manifest import read_manifest
     from .data.partition import count_table, make_split, task_classes
-    from .io import sha256_file, write_csv, write_json
+    from .io import sha256_file, with_content_digest, write_csv, write_json
     from .registry import dataset
     from .report.splits import split_heatmap
 
@@ -86,8 +86,8 @@ def cmd_split(args) -> None:
     counts = count_table(split, manifest, classes, kept)
     write_csv(out.with_suffix(".counts.csv"), counts)
     split_heatmap(counts, classes, f"{out.stem}", out.with_suffix(".png"))
-    write_json(out, {"dataset": args.dataset, "spec": spec, "seed": args.seed,
-                     "manifest_sha256": sha256_file(args.manifest), **split.to_json()})
+    write_json(out, with_content_digest({"dataset": args.dataset, "spec": spec, "seed": args.seed,
+                                         "manifest_sha256": sha256_file(args.manifest), **split.to_json()}))
 
 
 def cmd_image_cache(args) -> None:

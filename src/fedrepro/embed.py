@@ -19,9 +19,10 @@ import torch
 from .config import ConfigError, check_choice
 from .data.manifest import read_manifest
 from .data.partition import Split, read_split_file, task_classes
-from .io import atomic_path
+from .io import atomic_path, torch_load
 from .registry import EXTRACTORS, register_extractor
 from .seeding import numpy_rng
+from .train import model_rebuild
 
 
 def embed(job: dict, out: str | Path) -> None:
@@ -39,8 +40,8 @@ def _checkpoint(job: dict) -> dict:
     path = Path(job["checkpoint"])
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: the figure {job['figure']['name']} needs the trained model "
-                                f"(snakemake --cores all {path}, or scripts/dvc-results.py pull --stages checkpoints)")
-    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+                                f"({model_rebuild(path)})")
+    return torch_load(path, model_rebuild(path))["model"]
 
 
 def model_config(run: dict) -> dict:

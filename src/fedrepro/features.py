@@ -6,18 +6,25 @@ every batch computes (docs/papers/facmic.md). The cache is keyed by the encoder 
 prompt, and its precision where it is not fp32: ``encoder.precision: fp16_weights``, the paper protocol's
 CLIP as the authors' ``clip.load`` held it) and also holds the text features of every class prompt. Unreadable images never get here:
 the prepare step decodes every image once and stops (or drops and reports them).
+
+Building a cache again from the same inputs gives the same bytes: on a CPU the encoder runs on one intra-op
+thread whatever the job's cores (:func:`fedrepro.seeding.fixed_threads`; the loader workers decode images in
+parallel), in fixed batches of the manifest's order, so a rebuild makes no run on it stale. On reading, its
+CRC-32s are checked first (:func:`fedrepro.io.torch_load`): a byte changed since it was written is caught.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import zipfile
 from pathlib import Path
 
 import torch
 
-from .io import broken, sha256_file, torch_save
+from .io import BrokenFile, broken, sha256_file, torch_load, torch_save
 from .models.encoders import encode_prompts
+from .seeding import fixed_threads
 
 
 @torch.no_grad()
@@ -50,16 +57,18 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
     set_frozen_precision(model, encoder)
     transform = encoder_transform(encoder, model, clip_preprocess)
 
-    text = encode_prompts(model, tokenizer, encoder["prompt"], class_names, device)
     paths = manifest["path"].tolist()
     images = ManifestImages(raw_root, paths, manifest["label"].to_numpy(), np.arange(len(paths)), transform,
                             decode=replace(spec_of(transform), draft=draft))
     feats = []
     bar = tqdm(total=len(paths), desc="encoding images", unit="img", disable=not progress)
-    for batch in batches(images, batch_size, shuffle=False, num_workers=workers):
-        with compute.autocast():
-            feats.append(model.encode_image(image_input(model, compute.batch(batch)["x"])).float().cpu())
-        bar.update(len(batch["x"]))
+    # one thread on a CPU: the same bytes with any --cores (on a GPU the host threads compute nothing of it)
+    with fixed_threads(1) if device.type == "cpu" else contextlib.nullcontext():
+        text = encode_prompts(model, tokenizer, encoder["prompt"], class_names, device)
+        for batch in batches(images, batch_size, shuffle=False, num_workers=workers):
+            with compute.autocast():
+                feats.append(model.encode_image(image_input(model, compute.batch(batch)["x"])).float().cpu())
+            bar.update(len(batch["x"]))
     bar.close()
     return {
         "image": torch.cat(feats) if feats else torch.zeros(0, text.shape[1]),
@@ -94,14 +103,24 @@ def build_feature_cache(manifest_path: Path, raw_root: Path, class_names: list[s
 CACHE_KEYS = ("image", "text", "labels", "paths", "class_names", "encoder", "manifest_sha256")
 
 
-def load_feature_cache(path: str | Path) -> dict:
-    """A feature cache as :func:`build_feature_cache` wrote it; a truncated or corrupt file is set aside and named
-    with the command that rebuilds it (torch alone says only "checkpoint file is corrupted")."""
-    rebuild = f"snakemake --cores all {path}"
-    if not zipfile.is_zipfile(path):       # torch.save's container: a cut-off file loses its central directory
-        raise broken(path, "truncated or not a feature cache (no complete torch archive)", rebuild)
+def feature_cache_manifest(path: str | Path) -> str | None:
+    """The SHA-256 of the manifest a feature cache was computed from, read without loading its features (the
+    tensors are memory-mapped, not read); None where the file is no readable cache."""
     try:
-        cache = torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("manifest_sha256")
+    except Exception:  # noqa: BLE001 - a damaged cache is named by its job; here it only has no answer
+        return None
+
+
+def load_feature_cache(path: str | Path) -> dict:
+    """A feature cache as :func:`build_feature_cache` wrote it, after its CRC-32s matched; a truncated, corrupt or
+    changed file is set aside and named with the command that rebuilds it (torch alone says only "checkpoint file
+    is corrupted", or loads changed bytes without a word)."""
+    rebuild = f"snakemake --cores all {path}"
+    try:
+        cache = torch_load(path, rebuild)
+    except BrokenFile:       # damaged: already set aside and named
+        raise
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
         raise broken(path, f"corrupt ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})",
                      rebuild) from None

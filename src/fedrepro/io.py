@@ -3,9 +3,19 @@
 Every file the pipeline produces is written to a temporary sibling (``.<name>.<random>.tmp``) and moved into
 place with ``os.replace``, so a killed job never leaves a half-written file that looks complete; the temporary
 files a killed job leaves are removed when a job for the same outputs starts again (:func:`clear_temporaries`).
-A write that fails for lack of space says where and how much it needed (:class:`DiskFull`). A file made
-earlier that turns out truncated or corrupt is set aside under another name, kept for inspection, and reported
-with the command that makes it again (:func:`broken`); with it gone, Snakemake's next run rebuilds it.
+A write that fails for lack of space says where and how much it needed (:class:`DiskFull`), whatever the
+writer made of the error (torch turns it into its own "unexpected pos" on close). A file made earlier that
+turns out truncated or corrupt is set aside under another name, kept for inspection, and reported with the
+command that makes it again (:func:`broken`); with it gone, Snakemake's next run rebuilds it.
+
+What a run reads back carries a digest recorded when it was written, checked when it is read:
+
+- files of :func:`torch_save` (checkpoints, per-client states, feature caches) and ``np.savez`` are zip
+  archives whose every member has the CRC-32 of its bytes in the archive's directory, written by torch and
+  numpy themselves; torch never checks them on load, :func:`archive_damage` does (one sequential read, about
+  1.5 GB/s per core: benchmarks/README.md);
+- JSON files (splits) carry the SHA-256 of their own content (:func:`with_content_digest`), checked by
+  :func:`content_damage`.
 """
 
 from __future__ import annotations
@@ -17,6 +27,8 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -55,13 +67,28 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
         with open(tmp_path, "rb") as fh:  # make the bytes durable before the rename publishes them
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
-    except OSError as error:
-        if error.errno not in NO_SPACE:
+    except Exception as error:
+        full = out_of_space(error)
+        if full is None:
             raise
         written = tmp_path.stat().st_size if tmp_path.exists() and not tmp_path.is_symlink() else 0
-        raise disk_full(path, size, written) from error
+        tmp_path.unlink(missing_ok=True)          # before counting what is free: the partial file holds space
+        raise disk_full(path, size, written) from full
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def out_of_space(error: BaseException) -> OSError | None:
+    """The "no space left" (or quota) error behind ``error``, if there is one. Writers re-raise it as their own:
+    torch's archive writer, handed the OSError by its file object, fails again on close with a RuntimeError
+    ("[enforce fail at inline_container.cc] unexpected pos ...") whose context is the OSError."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def disk_full(path: Path, size: int | None, written: int) -> DiskFull:
@@ -105,7 +132,10 @@ def broken(path: str | os.PathLike, problem: str, rebuild: str | None = None) ->
     """Set ``path`` aside and -> the error that says what is wrong with it and which command makes it again
     (default: the Snakemake target itself; the next Snakemake run that needs it rebuilds it anyway)."""
     path = Path(path)
-    aside = set_aside(path) if path.exists() else None
+    try:
+        aside = set_aside(path) if path.exists() else None
+    except FileNotFoundError:        # another reader of the same file (a loader worker) set it aside first
+        aside = None
     moved = f"; set aside as {aside}" if aside else ""
     return BrokenFile(f"{path} is {problem}{moved}. Rebuild it: {rebuild or f'snakemake --cores all {path}'}")
 
@@ -132,10 +162,14 @@ def write_csv(path: str | os.PathLike, frame) -> None:
 
 
 def torch_save(path: str | os.PathLike, obj: Any) -> None:
+    """``torch.save`` atomically, with the CRC-32 of every member recorded (torch's default, kept on here:
+    :func:`archive_damage` checks them when the file is read back)."""
     import torch
+    from torch.utils.serialization import config
 
-    # through a Python file object: a full disk is then an OSError with its errno, not torch's "unexpected pos"
-    with atomic_path(path, state_bytes(obj)) as tmp:
+    # through a Python file object: the archive is named "archive" inside, not after the temporary file, so the
+    # same object gives the same bytes
+    with atomic_path(path, state_bytes(obj)) as tmp, config.patch({"save.compute_crc32": True}):
         with open(tmp, "wb") as fh:
             torch.save(obj, fh)
 
@@ -164,6 +198,50 @@ def state_bytes(obj) -> int:
     return total
 
 
+def archive_damage(path: str | os.PathLike) -> str | None:
+    """What is wrong with a zip archive (a :func:`torch_save` file, an ``.npz``), or None when every member is
+    there and its bytes match the CRC-32 the writer recorded for it: a truncated file, a replaced one and a
+    flipped byte are all caught before anything is loaded from it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()          # reads every member and compares its CRC-32 (first failing one)
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError) as error:
+        return f"truncated or not a complete archive ({type(error).__name__}: {error})"
+    if bad is not None:
+        return (f"corrupt: the bytes of its member {bad!r} do not match the CRC-32 recorded when it was written "
+                f"(changed on disk since)")
+    return None
+
+
+def torch_load(path: str | os.PathLike, rebuild: str | None = None) -> Any:
+    """A :func:`torch_save` file, after :func:`archive_damage` found it intact; a damaged one is set aside and named
+    with the command that makes it again (:func:`broken`), never loaded."""
+    import torch
+
+    damage = archive_damage(path)
+    if damage:
+        raise broken(path, damage, rebuild)
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+CONTENT_DIGEST = "content_sha256"
+
+
+def with_content_digest(obj: dict) -> dict:
+    """``obj`` with the SHA-256 of its canonical JSON (:func:`canonical_json`) under ``content_sha256``."""
+    body = {k: v for k, v in obj.items() if k != CONTENT_DIGEST}
+    return {**body, CONTENT_DIGEST: hashlib.sha256(canonical_json(body).encode()).hexdigest()}
+
+
+def content_damage(obj: dict) -> str | None:
+    """What is wrong with a JSON object written by :func:`with_content_digest`, or None: it matches its recorded
+    digest, or it carries none (written before digests were recorded)."""
+    recorded = obj.get(CONTENT_DIGEST)
+    if recorded is None or with_content_digest(obj)[CONTENT_DIGEST] == recorded:
+        return None
+    return "corrupt: its content does not match the SHA-256 recorded in it when it was written (changed since)"
+
+
 def canonical_json(obj: Any) -> str:
     """The one serialisation used for hashing configs: sorted keys, no whitespace."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default)
@@ -181,13 +259,14 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGESTS: dict[tuple, str] = {}
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """SHA-256 of a file, computed once per process for an unchanged file (size and mtime)."""
+    """SHA-256 of a file, computed once per process for an unchanged file (inode, size, mtime and ctime: a file put
+    back with its old mtime, ``cp -p``, has a new ctime)."""
     stat = os.stat(path)
-    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    key = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     if key not in _DIGESTS:
         _DIGESTS[key] = sha256_file(path)
     return _DIGESTS[key]

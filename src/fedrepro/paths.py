@@ -247,6 +247,13 @@ def report() -> str:
     return f"{report_dir()}/report.html"
 
 
+def report_mark(target: str) -> str:
+    """An input of a table, figure, scorecard or the evidence page that the workflow rewrites when the report is
+    out of date though nothing it reads is newer (a run file deleted, an input put back with its old mtime:
+    fedrepro.report.consistency.out_of_date), so that Snakemake makes it again; beside Snakemake's own records."""
+    return f".snakemake/fedrepro/out-of-date/{target}"
+
+
 def log(kind: str, name: str) -> str:
     return f"logs/{kind}/{name}.log"
 

@@ -64,6 +64,23 @@ def kept_rng_state():
             torch.cuda.set_rng_state_all(cuda)
 
 
+@contextlib.contextmanager
+def fixed_threads(threads: int):
+    """Run a block with ``threads`` intra-op torch threads (then restore the job's). CPU matrix products of the
+    same inputs differ with the thread count for some shapes (the BLAS splits the inner dimension across threads
+    when the outer ones are small: 10 prompts x 384 -> 256 differ by up to 7e-7 between 1 and 2 threads), and
+    Snakemake sets that count from ``--cores`` (OMP_NUM_THREADS); a block that must give the same bytes on every
+    machine fixes it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def configure_determinism(enabled: bool) -> dict:
     """Switch torch to deterministic kernels; returns what was set, for the run manifest.
 

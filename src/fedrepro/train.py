@@ -69,6 +69,12 @@ class InputMismatch(StaleInput):
     pass
 
 
+def model_rebuild(model: str | Path) -> str:
+    """What makes a run's ``model.pt`` again, for a message about a missing or damaged one."""
+    return (f"snakemake --cores all {model} (trains the run again), or pull its pushed copy "
+            f"(scripts/dvc-results.py pull --stages checkpoints)")
+
+
 def load_federation(run: dict, split_file: dict | None = None):
     """The run's federation (and the hashes of its inputs), after checking that its split belongs to its
     manifest and that its index sets are disjoint as the split declares. ``split_file``: the split JSON,

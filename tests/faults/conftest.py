@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import copy
 import shutil
-from pathlib import Path
 
 import pytest
 
-from infra_support import REPO, TINY_CONFIG, build_tiny_inputs
+from infra_support import REPO, build_tiny_inputs
 
 
 @pytest.fixture(scope="package")

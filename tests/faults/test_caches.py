@@ -95,3 +95,38 @@ def test_a_full_disk_names_the_folder_and_the_space_needed(tiny, monkeypatch):
     with pytest.raises(DiskFull, match=r"no space left on ckpt \(writing resume.pt\), needs ~\d+ MB"):
         train_run(tiny, "out", "ckpt")
     assert not list(Path("ckpt").glob(".resume.pt.*"))                    # no temporary left behind
+
+
+def test_a_disk_that_fills_while_torch_writes_names_the_folder_not_torch(tiny, monkeypatch):
+    """A real disk accepts the first bytes of resume.pt and then refuses (ENOSPC) in the middle of a tensor: torch
+    ends with its own "[enforce fail at inline_container.cc] unexpected pos ..." on close, naming no file. The
+    job still says where and how much."""
+    import errno
+    import io
+
+    from fedrepro import io as fio
+    from fedrepro.io import DiskFull
+    from fedrepro.train import train_run
+
+    class FillingDisk(io.FileIO):
+        room = 10_000                                           # bytes left on the file system: past the headers
+
+        def write(self, data):
+            if len(data) > self.room:
+                written = super().write(memoryview(data)[:self.room]) if self.room else 0
+                self.room -= written
+                if not written:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return written
+            self.room -= len(data)
+            return super().write(data)
+
+    def filling_open(file, mode="r", *args, **kwargs):
+        if "w" in mode and Path(file).name.startswith(".resume.pt."):
+            return io.BufferedWriter(FillingDisk(file, "w"))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(fio, "open", filling_open, raising=False)
+    with pytest.raises(DiskFull, match=r"no space left on ckpt \(writing resume.pt\), needs ~\d+ MB"):
+        train_run(tiny, "out", "ckpt")
+    assert not list(Path("ckpt").glob(".resume.pt.*"))

@@ -159,3 +159,44 @@ def test_a_source_typo_in_a_split_is_refused_by_the_split_job(typo):
     with pytest.raises(SplitError, match=rf"{key}: sources \['rotatd'\] are not in .* \(did you mean 'rotated'\?\); "
                                          rf"available: \['inverted', 'original', 'rotated'\]"):
         make_split(manifest, {"kind": "iid", "clients": 2, **typo}, seed=0)
+
+
+def test_more_clients_than_images_is_refused_before_any_job_and_briefly_by_the_split_job(tiny):
+    """Issue 32, item 8: ``clients: 5000`` on a dataset of 17 images passed validation, and the split job then
+    failed with a 58 KB line listing every empty client. Where the manifest is there the configuration check
+    refuses it, naming the setting and the number of images; where it is not yet, the split job says it in a
+    line."""
+    import re
+
+    from fedrepro.data.manifest import read_manifest
+    from fedrepro.data.partition import SplitError, make_split
+
+    from .support import tiny_project
+
+    paper = Path("tests/data/infra/foundation.yaml")
+    spec = yaml.safe_load(paper.read_text())
+    spec["settings"]["bt_iid"]["split"]["clients"] = 5000
+    paper.write_text(yaml.safe_dump(spec, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"foundation.yaml: settings/bt_iid/split/clients: 5000 clients, but demo_bt "
+                                          r"has 17 images \(resources/manifests/demo_bt.csv\).*at most 17 clients"):
+        tiny_project()
+
+    with pytest.raises(SplitError) as error:
+        make_split(read_manifest(tiny["paths"]["manifest"]), spec["settings"]["bt_iid"]["split"], seed=0)
+    message = str(error.value)
+    assert len(message) < 600 and re.search(r"leaves \d+ of 5000 clients with fewer than min_train=1", message), message
+    assert re.search(r"5000 clients for the \d+ images of the pool: at most \d+", message) and "more" in message
+
+
+def test_a_list_override_on_the_command_line_is_read_as_in_a_config_file(tiny, tmp_path):
+    """Issue 32, item 8: ``snakemake --config seeds=[0,1]`` stopped with "'0' is not of type 'integer'" (Snakemake
+    reads the items of a list as strings); it now plans both seeds."""
+    from infra_support import run
+
+    from .support import job_counts, workflow_here
+
+    snakemake, env = workflow_here(tmp_path / "home")
+    planned = run([*snakemake, "--dry-run", "--config", "seeds=[0,1]", "--", "all"], Path.cwd(), env, check=False)
+    output = planned.stdout + planned.stderr
+    assert planned.returncode == 0 and job_counts(output)["train"] == 2, output[-3000:]
+    assert "seed1" in output

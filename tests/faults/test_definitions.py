@@ -4,16 +4,13 @@ method's label rebuilds what shows it, and nothing else."""
 
 from __future__ import annotations
 
-import re
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fedrepro.config import Project, deep_merge, load_yaml
-
-from infra_support import REPO, TINY_CONFIG, run, tool_env
+from infra_support import REPO, TINY_CONFIG, run
 
 
 def definitions(project: Project) -> dict[tuple, str]:
@@ -77,12 +74,6 @@ def test_training_settings_and_other_papers_leave_report_definitions_alone(tmp_p
     assert {k: v for k, v in alone.items() if k not in spanning}.items() <= both.items()
 
 
-def job_counts(output: str) -> dict[str, int]:
-    table = output[output.index("Job stats:"):] if "Job stats:" in output else ""
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, flags=re.MULTILINE)
-            if m.group(1) != "total"}
-
-
 @pytest.mark.usefixtures("tiny")
 def test_snakemake_rebuilds_a_table_whose_metric_was_edited_and_only_it(tmp_path):
     """The real rule: the tiny grid's inputs and run are made in-process, Snakemake builds the table, then the table's
@@ -90,18 +81,14 @@ def test_snakemake_rebuilds_a_table_whose_metric_was_edited_and_only_it(tmp_path
     from fedrepro import paths
     from fedrepro.train import train_run
 
-    from .support import tiny_project
+    from .support import job_counts, tiny_project, workflow_here
 
     project = tiny_project()
     key = project.plan.runs()[0]
     train_run(project.resolver.run_config(key), paths.run_dir(key), paths.checkpoint_dir(key))
-    for item in ("Snakefile", "config", "envs"):
-        (shutil.copytree if (REPO / item).is_dir() else shutil.copy)(REPO / item, item)
-    Path("workflow").unlink()
-    shutil.copytree(REPO / "workflow", "workflow")
     table = paths.table("clean", "foundation", "accuracy")
-    env = tool_env(REPO, tmp_path / "home")
-    snakemake = ["snakemake", table, "--cores", "1", "--configfile", TINY_CONFIG]
+    snakemake, env = workflow_here(tmp_path / "home")
+    snakemake = [*snakemake, table]
 
     built = run(snakemake, Path.cwd(), env)
     assert job_counts(built.stdout + built.stderr) == {"table": 1}       # the runs made here are up to date

@@ -122,3 +122,26 @@ def test_push_and_pull_refuse_a_configuration_whose_results_no_stage_holds(tmp_p
     known = module.stage_outputs(tmp_path)
     for words in ([], ["--configfile", "config/config.yaml"], ["all_weights"]):
         module.check_results_dir(tmp_path, words, known)
+
+
+def test_a_bad_copy_in_the_local_cache_is_downloaded_again_not_blamed_on_the_remote(tmp_path):
+    """Issue 32, item 8: a copy in DVC's own cache that does not match dvc.lock, though DVC takes it as fetched (its
+    size and modification time are those DVC recorded, so DVC does not look again; an interrupted pull left such
+    copies), made the next pull say that the remote holds a corrupt copy, which it does not. It is now downloaded
+    once more, and only a copy still bad after that is blamed on the remote."""
+    import os
+
+    clone, env, _ = pushed_clone(tmp_path)
+    run(["dvc", "fetch", "--quiet", "runs", "tables"], clone, env)
+    md5 = hashlib.md5((tmp_path / "origin" / METRICS).read_bytes()).hexdigest()
+    bad = Path(run(["dvc", "cache", "dir"], clone, env).stdout.strip()) / "files/md5" / md5[:2] / md5[2:]
+    before = bad.stat()
+    bad.chmod(0o644)
+    bad.write_bytes(b"\0" * before.st_size)                             # same size, other bytes
+    os.utime(bad, ns=(before.st_atime_ns, before.st_mtime_ns))           # and the time DVC recorded
+
+    pulled = pull(clone, env)
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    assert "do not match dvc.lock (copies DVC takes as fetched): downloading them again" in pulled.stderr
+    assert "remote holds a corrupt copy" not in pulled.stderr
+    assert (clone / METRICS).read_bytes() == (tmp_path / "origin" / METRICS).read_bytes()

@@ -48,8 +48,9 @@ def test_a_table_refuses_runs_made_from_another_manifest_and_says_how_to_rebuild
     assert f"{TABLE}: 1 run(s) were made from inputs that have changed since" in message
     assert f"{key.path}: {manifest} (SHA-256" in message
     assert f"{tiny['paths']['split']} was made from another version of {manifest}" in message
+    # the split and the feature cache were both made from the old manifest: the command forces them with the run
     assert (f"snakemake {TABLE} --cores all --configfile={TINY_CONFIG} --forcerun {tiny['paths']['split']} "
-            f"{paths.run_file(key)}") in message
+            f"{tiny['paths']['features']} {paths.run_file(key)}") in message
     assert not Path(TABLE).exists()
 
     shutil.copy2("manifest.orig", manifest)                              # put back: the runs match again

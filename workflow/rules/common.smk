@@ -6,12 +6,13 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
 from fedrepro import cost, paths
-from fedrepro.config import ConfigError, Project, check_config_files
+from fedrepro.config import ConfigError, Project, check_config_files, typed_overrides
 from fedrepro.embed import model_config as embed_model_config
 from fedrepro.models.weights import WeightsError, encoder_weights, weight_specs
 from fedrepro.models.weights import check as check_weights
@@ -25,7 +26,8 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PAT
 
 try:
     check_config_files(workflow.configfiles)   # what Snakemake's loader lets through: repeated keys
-    PROJECT = Project(config, root=workflow.basedir)
+    # --config seeds=[0,1]: Snakemake reads the items of a list or mapping as strings; read them as a config file would
+    PROJECT = Project(typed_overrides(config, workflow.config_settings.config), root=workflow.basedir)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration:\n{error}")
 
@@ -350,28 +352,59 @@ def embed_inputs(wildcards) -> dict:
 
 
 # A report's inputs include the run_manifest.json of every run it reads: its job checks that each run was made
-# from the manifest, split and weights that are here now (fedrepro.report.consistency).
+# from the manifest, split and weights that are here now (fedrepro.report.consistency). And its out-of-date mark:
+# Snakemake reruns nothing for a run file deleted after the report was made (a missing intermediate file is not a
+# reason to rerun what is up to date) nor for an input put back with its old mtime (`cp -p`); the mark is rewritten
+# when either is found, so the report reruns, rebuilding first what it is missing (or refusing stale runs by name).
+# It says only what holds now: once nothing is found (the report rebuilt, or the file put back after a dry run),
+# it is made old again.
+
+_SAID_OUT_OF_DATE = set()
+
+
+def report_inputs(target: str, files: list[str]) -> list[str]:
+    from fedrepro.report.consistency import out_of_date
+
+    mark = Path(paths.report_mark(target))
+    if not mark.exists():
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+    reasons = out_of_date(PROJECT, target, files)
+    if not reasons:
+        if mark.stat().st_mtime_ns:
+            os.utime(mark, ns=(0, 0))   # older than any report
+    else:
+        # new content and mtime: Snakemake compares both (an input newer than the output, with another checksum)
+        mark.write_text(f"{time.time_ns()}\n" + "\n".join(reasons) + "\n")
+        if target not in _SAID_OUT_OF_DATE:
+            _SAID_OUT_OF_DATE.add(target)
+            listed = "\n  ".join(reasons[:10]) + (f"\n  ... and {len(reasons) - 10} more" if len(reasons) > 10 else "")
+            print(f"fedrepro: {target} is out of date, so it is made again (after what it needs):\n  {listed}",
+                  file=sys.stderr)
+    return [*files, str(mark)]
 
 
 def table_inputs(wildcards) -> list[str]:
     from fedrepro.report.consistency import with_run_manifests
     from fedrepro.report.tables import table_inputs, table_item
 
-    return with_run_manifests(table_inputs(table_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.table)))
+    files = with_run_manifests(table_inputs(table_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.table)))
+    return report_inputs(paths.table(wildcards.protocol, wildcards.paper, wildcards.table), files)
 
 
 def figure_inputs(wildcards) -> list[str]:
     from fedrepro.report.consistency import with_run_manifests
     from fedrepro.report.figures import figure_inputs, figure_item
 
-    return with_run_manifests(figure_inputs(figure_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.figure)))
+    files = with_run_manifests(figure_inputs(figure_item(PROJECT, wildcards.protocol, wildcards.paper, wildcards.figure)))
+    return report_inputs(paths.figure(wildcards.protocol, wildcards.paper, wildcards.figure), files)
 
 
 def evidence_inputs(wildcards=None) -> list[str]:
     from fedrepro.report.consistency import with_run_manifests
     from fedrepro.report.evidence import run_inputs
 
-    return with_run_manifests(run_inputs(PROJECT))
+    return report_inputs(paths.evidence(), with_run_manifests(run_inputs(PROJECT)))
 
 
 # What each table, figure, scorecard and the evidence page is made from besides its input files (its spec, the
@@ -423,10 +456,11 @@ def report_definition(wildcards) -> str:
     return definition_hash(report_definition(PROJECT))
 
 
-def report_inputs(wildcards) -> list[str]:
-    from fedrepro.report.overview import report_inputs
+def overview_inputs(wildcards) -> list[str]:
+    """The report page's inputs: the planned outputs that exist now (fedrepro.report.overview)."""
+    from fedrepro.report import overview
 
-    return report_inputs(PROJECT)
+    return overview.report_inputs(PROJECT)
 
 
 def scorecard_inputs(wildcards) -> list[str]:
@@ -435,4 +469,5 @@ def scorecard_inputs(wildcards) -> list[str]:
     papers = list(PROJECT.papers) if wildcards.paper == "all" else [wildcards.paper]
     tables = [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in PROJECT.plan.tables() if paper in papers]
     runs = consistency.runs_behind(consistency.scorecard_inputs(PROJECT, wildcards.paper))
-    return tables + [paths.run_file(key, "run_manifest.json") for key in runs]
+    return report_inputs(paths.scorecard(wildcards.paper),
+                         tables + [paths.run_file(key, "run_manifest.json") for key in runs])

@@ -124,7 +124,7 @@ rule report:
     exist now, so Snakemake brings those up to date first and builds nothing that is not there. Not part of
     `all`: run it after (`snakemake --cores 1 report`)."""
     input:
-        report_inputs,
+        overview_inputs,
     output:
         html=report(paths.report(), category="Report", caption="../report/report.rst"),
     params:

@@ -20,6 +20,7 @@ from .files import (
     load_yaml,
     method_schema,
     model_schema,
+    typed_overrides,
     validate,
 )
 from .loaded import LoadedConfig
@@ -30,5 +31,5 @@ from .resolve import column_eval, resolve_cell
 __all__ = [
     "PROTOCOLS", "ConfigError", "LoadedConfig", "Overlay", "Project", "check_choice", "check_config_files", "column_eval", "deep_merge",
     "did_you_mean", "input_kind", "load_project", "load_yaml", "method_schema", "model_schema", "resolve_cell",
-    "scaled", "validate",
+    "scaled", "typed_overrides", "validate",
 ]

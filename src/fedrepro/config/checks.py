@@ -5,6 +5,7 @@ clean protocol's rule that no run reads its test data. Each error names the key 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .files import PROTOCOLS, ConfigError, check_choice, deep_merge, did_you_mean, method_schema, validate
@@ -30,7 +31,27 @@ class Checks:
         """Every check, for every paper, then the clean protocol's rule on test data."""
         for name, paper in self.papers.items():
             self.paper(paper, self.loaded.paper_files[name])
+            self.client_counts(name, self.loaded.paper_files[name])
         self.test_data_use()
+
+    def client_counts(self, paper: str, where: str) -> None:
+        """No split asks for more clients (times ``min_train``) than its dataset has images, where that is known
+        before any job: the dataset's manifest is here. The split job would refuse it after prepare, listing
+        every empty client."""
+        from .. import paths
+
+        for name in self.papers[paper]["settings"]:
+            for protocol in PROTOCOLS:
+                setting = self.resolver.setting(paper, name, protocol)
+                clients = expected_clients(setting["split"])
+                images = manifest_rows(paths.manifest(setting["dataset"]))
+                per_client = max(1, int(setting["split"].get("min_train", 1)))
+                if clients and images is not None and clients * per_client > images:
+                    at = f"settings/{name}" + ("/protocols/" + protocol if "split" in
+                                               setting.get("protocols", {}).get(protocol, {}) else "")
+                    raise ConfigError(f"{where}: {at}/split/clients: {clients} clients, but {setting['dataset']} has "
+                                      f"{images} images ({paths.manifest(setting['dataset'])}), and each client needs "
+                                      f"at least {per_client} to train on; use at most {images // per_client} clients")
 
     def paper(self, paper: dict, where: str) -> None:
         from ..registry import DATASETS, FIGURE_KINDS, METHODS, TABLE_KINDS
@@ -245,6 +266,26 @@ def check_split(split: dict, classes, where: str) -> None:
             raise ConfigError(f"{where}/ratios: {ratios} add up to {total:g}, not 1; allowed: train + val + test = 1 "
                               f"(e.g. train: {max(0.0, 1 - ratios.get('val', 0) - ratios.get('test', 0)):g} with these "
                               f"val and test)")
+
+
+_ROWS: dict[tuple, int] = {}
+
+
+def manifest_rows(manifest: str | Path) -> int | None:
+    """At most how many images a manifest lists (its lines but the header: a quoted caption may span lines, never
+    fewer), None where it is not here. Counted once per version of the file."""
+    path = Path(manifest)
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _ROWS:
+        lines, last = 0, b"\n"
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                lines, last = lines + block.count(b"\n"), block[-1:]
+        _ROWS[key] = max(0, lines + (last != b"\n") - 1)       # a last line without its newline counts too
+    return _ROWS[key]
 
 
 def expected_clients(split: dict) -> int | None:

@@ -168,6 +168,35 @@ def input_kind(family: str) -> str:
     return MODELS.get(family)["input"]
 
 
+def typed_overrides(config: dict, overrides) -> dict:
+    """``config`` with the lists and mappings of ``snakemake --config key=value`` read as YAML reads them in a config
+    file. Snakemake parses such a value with YAML's BaseLoader, which makes every item a string: ``seeds=[0,1]``
+    would reach the schema as ``['0', '1']`` ("'0' is not of type 'integer'"). Scalars it types itself."""
+    out = copy.deepcopy(config)
+
+    def typed(value):
+        if isinstance(value, str):
+            parsed = yaml.safe_load(value) if value else value
+            return parsed if isinstance(parsed, (bool, int, float)) or parsed is None else value
+        if isinstance(value, list):
+            return [typed(v) for v in value]
+        if isinstance(value, dict):
+            return {k: typed(v) for k, v in value.items()}
+        return value
+
+    def put(into: dict, key, value) -> None:
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            for k, v in value.items():
+                put(into[key], k, v)
+        else:
+            into[key] = typed(value)
+
+    for key, value in dict(overrides or {}).items():
+        if isinstance(value, (list, dict)):
+            put(out, key, value)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # merging config layers
 

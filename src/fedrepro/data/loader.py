@@ -24,6 +24,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from ..io import BrokenFile
 from ..seeding import kept_rng_state
 
 _POOL: "LoaderPool | None" = None
@@ -169,7 +170,7 @@ class LoaderPool:
         feed.batches = [[(key, position, seed) for position, seed in pairs] for pairs in batches]
         self.busy.add(lane)
         try:
-            yield from loader
+            yield from from_workers(loader)
         finally:
             self.busy.discard(lane)
 
@@ -179,6 +180,19 @@ class LoaderPool:
             if iterator is not None:
                 iterator._shutdown_workers()
         self.lanes.clear()
+
+
+def from_workers(loader) -> Iterator[dict]:
+    """The batches of a DataLoader whose workers may find a damaged file (an image cache row whose CRC-32 does not
+    match): torch re-raises the worker's :class:`~fedrepro.io.BrokenFile` with the worker's traceback as its text;
+    it is raised again with the message alone, which names the file and the command that rebuilds it."""
+    try:
+        yield from loader
+    except BrokenFile as error:
+        text, marker = str(error), f"{type(error).__name__}: "
+        if "Original Traceback" not in text or marker not in text:
+            raise
+        raise BrokenFile(text[text.rindex(marker) + len(marker):].strip()) from None
 
 
 @contextmanager
@@ -272,8 +286,8 @@ def batches(dataset, batch_size: int, *, shuffle: bool, generator: torch.Generat
         from torch.utils.data import DataLoader
 
         items = SeededItems(dataset)
-        yield from DataLoader(items, batch_sampler=[[(p, s) for p, s in g] for g in groups], num_workers=num_workers,
-                              collate_fn=collate)
+        yield from from_workers(DataLoader(items, batch_sampler=[[(p, s) for p, s in g] for g in groups],
+                                           num_workers=num_workers, collate_fn=collate))
     else:
         for group in groups:
             with kept_rng_state():   # item seeds must not touch the training loop's own random stream

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io import broken
+from ..io import broken, content_damage
 from ..registry import SPLITTERS, splitter
 from ..seeding import numpy_rng
 from .margins import MarginError, apportion, fit_table
@@ -128,7 +128,8 @@ SPLIT_FILE_KEYS = ("dataset", "seed", "manifest_sha256", "clients", "global_test
 
 
 def read_split_file(path: str | Path) -> dict:
-    """A split file as ``fedrepro split`` wrote it; a truncated or corrupt one is set aside and named with the
+    """A split file as ``fedrepro split`` wrote it; a truncated or corrupt one, or one whose content no longer
+    matches the SHA-256 recorded in it (:func:`fedrepro.io.with_content_digest`), is set aside and named with the
     command that rebuilds it."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -137,6 +138,9 @@ def read_split_file(path: str | Path) -> dict:
     missing = [k for k in SPLIT_FILE_KEYS if k not in data] if isinstance(data, dict) else list(SPLIT_FILE_KEYS)
     if missing:
         raise broken(path, f"not a complete split file (missing {missing})")
+    damage = content_damage(data)
+    if damage:
+        raise broken(path, damage)
     return data
 
 

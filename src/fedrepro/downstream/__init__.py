@@ -36,8 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io import read_json, sha256_file, write_json
+from ..io import read_json, sha256_file, torch_load, write_json
 from ..seeding import configure_determinism, numpy_rng, seed_global
+from ..train import model_rebuild
 
 
 class DownstreamError(ValueError):
@@ -124,7 +125,8 @@ def fraction_subsets(labels: np.ndarray, train: np.ndarray, fractions: list[floa
 
 def load_models(job: dict, family, device) -> list[torch.nn.Module]:
     """The checkpoint's model(s): the server model, or every client model of a personalized run."""
-    checkpoint = torch.load(job["paths"]["checkpoint"], map_location="cpu", weights_only=False)
+    model = job["paths"]["checkpoint"]
+    checkpoint = torch_load(model, model_rebuild(model))       # CRC-32s checked: a damaged file is set aside, named
     if checkpoint.get("config_hash") != job["run"]["config_hash"]:
         raise DownstreamError(f"{job['paths']['checkpoint']} belongs to another configuration "
                               f"(hash {checkpoint.get('config_hash')}, run {job['run']['config_hash']}); retrain it")

@@ -20,6 +20,10 @@ Checkpointing is incremental and safe against a kill at any moment:
 - after ``resume.pt`` is written (:meth:`ClientStates.committed`), files no longer in the index are
   deleted; on resume, the index of ``resume.pt`` is adopted and every file it does not name (written in
   a round that was never committed) is deleted, so state of an uncommitted round is never read.
+
+Every file is checked against the CRC-32s recorded in it when it was written (:func:`fedrepro.io.archive_damage`)
+before it is loaded: on resume, every file the index names (:func:`check_committed`; one that is missing or
+changed makes the engine start the run over), and again at every load.
 """
 
 from __future__ import annotations
@@ -31,14 +35,22 @@ from pathlib import Path
 
 import torch
 
-from ..io import state_bytes, torch_save
+from ..io import BrokenFile, archive_damage, state_bytes, torch_save
 
 MODES = ("memory", "disk", "auto")
 AUTO_SPILL_BYTES = 256 * 2**20
 INDEX_KEY = "__client_state_files__"
 
 
-class MissingClientState(RuntimeError):
+class ClientStateError(BrokenFile):
+    """A client-state file that a checkpoint names cannot be used."""
+
+
+class MissingClientState(ClientStateError):
+    pass
+
+
+class CorruptClientState(ClientStateError):
     pass
 
 
@@ -79,6 +91,10 @@ class ClientStates(MutableMapping):
                 raise MissingClientState(f"{path}: client state of {client!r} ({self.name}) is missing; the "
                                          f"checkpoint directory was changed while the run was unfinished. Delete "
                                          f"{self.directory.parent} to start the run again.")
+            damage = archive_damage(path)
+            if damage:
+                raise CorruptClientState(f"{path}: client state of {client!r} ({self.name}) is {damage}. Start the "
+                                         f"job again: its resume.pt names this file, so it starts over from round 1")
             self.loads += 1
             saved = torch.load(path, map_location="cpu", weights_only=False)
             if saved.get("client") != client or saved.get("store") != self.name:
@@ -152,6 +168,34 @@ class ClientStates(MutableMapping):
     def materialise(self) -> dict:
         """Every entry, loaded (for a final model file)."""
         return {client: self[client] for client in self}
+
+
+def check_committed(state_dir: str | Path | None, state) -> None:
+    """Every client-state file that a checkpoint's method ``state`` names (the index of each store in it) is in
+    its store's folder under ``state_dir`` and matches the CRC-32s recorded when it was written; raises
+    :class:`MissingClientState` or :class:`CorruptClientState` naming the first that is not."""
+    folders = [d for d in Path(state_dir).iterdir() if d.is_dir()] if state_dir and Path(state_dir).is_dir() else []
+    for client, name in _indexed(state):
+        found = [folder / name for folder in folders if (folder / name).is_file()]
+        if not found:
+            raise MissingClientState(f"resume.pt names the client state file {name} of {client!r}, which is not "
+                                     f"in {state_dir}")
+        damage = archive_damage(found[0])
+        if damage:
+            raise CorruptClientState(f"{found[0]} (client state of {client!r}, named by resume.pt) is {damage}")
+
+
+def _indexed(state):
+    """(client, file name) of every index in a nested method state."""
+    if isinstance(state, dict):
+        for client, name in (state.get(INDEX_KEY) or {}).items():
+            yield client, name
+        for key, value in state.items():
+            if key != INDEX_KEY:
+                yield from _indexed(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            yield from _indexed(value)
 
 
 def _safe(client: str) -> str:

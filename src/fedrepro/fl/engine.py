@@ -5,8 +5,10 @@ Resume: after every round the method state, the history and the tracked predicti
 ``resume.pt`` (atomic write); per-client state kept on disk (:mod:`fedrepro.fl.client_state`) is
 referenced from it by file name, and only the files of clients whose state changed are written. A job that is killed and started again continues after the last
 finished round; since every random stream is keyed by (seed, purpose, round, client), the resumed
-run produces the same numbers as an uninterrupted one. A ``resume.pt`` that cannot be read (truncated, corrupt)
-is set aside as ``resume.pt.corrupt`` and the run starts again from its beginning, with a warning.
+run produces the same numbers as an uninterrupted one. A ``resume.pt`` that cannot be read or whose bytes changed
+since it was written (truncated, corrupt: every member's CRC-32 is checked), or one naming a per-client state file
+that is missing or changed, is set aside as ``resume.pt.corrupt`` and the run starts again from its beginning, with
+a warning: it never resumes from numbers it did not compute.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..io import set_aside, torch_save
+from ..io import archive_damage, set_aside, torch_save
 from ..seeding import seed_global
+from .client_state import ClientStateError
 from .federation import Federation
 from .method import FederatedMethod
 from .selection import PredictionTracker, allowed_rules, opted_in, validation_key
@@ -47,6 +50,12 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
 
     method.setup()
     state = read_checkpoint(checkpoint, log) if checkpoint.exists() else None
+    if state is not None and state.get("config_hash") == run["config_hash"]:
+        try:
+            method.verify_checkpoint(state["method"])       # the per-client state files it names: there and intact
+        except ClientStateError as error:
+            start_over(checkpoint, str(error), log)
+            state = None
     if state is not None:
         if state.get("config_hash") == run["config_hash"]:
             method.load_state_dict(state["method"])
@@ -104,20 +113,27 @@ CHECKPOINT_KEYS = ("config_hash", "next_round", "history", "method", "comm", "tr
 
 
 def read_checkpoint(checkpoint: Path, log: logging.Logger) -> dict | None:
-    """The state in ``resume.pt``, or None when the file cannot be read (truncated, corrupt): it is then set aside
-    (kept, renamed ``resume.pt.corrupt``) and the run starts again from its beginning, the last state known good,
-    instead of failing every retry until someone deletes it."""
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-        missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
-        if not missing:
-            return state
-        problem = f"it lacks {missing}"
-    except Exception as error:  # noqa: BLE001 - whatever torch or pickle raise, the file is unusable
-        problem = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    aside = set_aside(checkpoint, "corrupt")
-    log.warning("%s cannot be read (%s); set aside as %s. The run starts again from round 1.", checkpoint, problem, aside)
+    """The state in ``resume.pt``, or None when the file cannot be read or is not what was written (truncated,
+    corrupt, a byte changed: its CRC-32s are checked before it is loaded, :func:`fedrepro.io.archive_damage`): it
+    is then set aside (kept, renamed ``resume.pt.corrupt``) and the run starts again from its beginning, the last
+    state known good, instead of failing every retry or resuming from numbers that were never computed."""
+    problem = archive_damage(checkpoint)
+    if problem is None:
+        try:
+            state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+            missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
+            if not missing:
+                return state
+            problem = f"it lacks {missing}"
+        except Exception as error:  # noqa: BLE001 - whatever torch or pickle raise, the file is unusable
+            problem = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    start_over(checkpoint, f"{checkpoint} cannot be used ({problem})", log)
     return None
+
+
+def start_over(checkpoint: Path, why: str, log: logging.Logger) -> None:
+    aside = set_aside(checkpoint, "corrupt")
+    log.warning("%s; set aside as %s. The run starts again from round 1.", why, aside)
 
 
 def _fmt(value) -> str:

@@ -31,7 +31,7 @@ from ..data.loader import batches
 from ..device import Compute, backward_step
 from ..models.families import ModelFamily, Output, build_family
 from ..seeding import seed_global
-from .client_state import ClientStates
+from .client_state import ClientStates, check_committed
 from .comm import CommLedger
 from .evaluation import evaluate
 from .federation import ClientData, Federation
@@ -95,6 +95,11 @@ class FederatedMethod(ABC):
         self.round = rnd
         for store in self.stores.values():
             store.round = rnd
+
+    def verify_checkpoint(self, state: dict) -> None:
+        """Before ``load_state_dict(state)`` on resume: every per-client state file the checkpoint's ``state`` names
+        is there and intact (:func:`fedrepro.fl.client_state.check_committed`), else a ``ClientStateError``."""
+        check_committed(self.ctx.state_dir, state)
 
     def checkpoint_committed(self) -> None:
         """Called by the engine once ``resume.pt`` holds the method's state: client-state files it no

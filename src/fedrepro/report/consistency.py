@@ -7,12 +7,20 @@ evidence page reads them, its job compares those records with the files as they 
 ``dvc pull`` brings the splits, the manifests only where they were pushed by name, not always the weights). A run
 or downstream result made from other inputs (a manifest edited or restored by hand, a split or feature cache
 rebuilt, weights fetched again with other bytes) is refused by name, with the command that rebuilds it
-(:func:`rebuild_command`), so a table never mixes results made from different data. The rules declare the run
-manifests as inputs (:func:`with_run_manifests`).
+(:func:`rebuild_command`: the split, feature and image caches made from another manifest too, then the runs), so a
+table never mixes results made from different data. The rules declare the run manifests as inputs
+(:func:`with_run_manifests`).
+
+Snakemake does not notice either case by itself: a run file deleted after the table was made (a missing
+intermediate file is not a reason to rerun what is up to date), or an input put back with its old modification
+time (``cp -p``). :func:`out_of_date` finds both while Snakemake builds the DAG, so the rules can make the report
+rerun (``workflow/rules/common.smk``, ``report_inputs``): it then rebuilds the missing run files first, or refuses
+the stale runs by name.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .. import paths
@@ -36,29 +44,44 @@ def with_run_manifests(files: list[str]) -> list[str]:
     return list(dict.fromkeys([*files, *manifests]))
 
 
-def changed_inputs(project: Project, key: RunKey) -> tuple[list[str], list[str]]:
+def changed_inputs(project: Project, key: RunKey, since: int | None = None) -> tuple[list[str], list[str]]:
     """-> (what changed since run ``key`` was made, files to rebuild besides the run): each recorded input that is
-    here now and differs, compared with the files the run would be made from today."""
+    here now and differs, compared with the files the run would be made from today, and the split and caches made
+    from another version of its manifest (each would refuse the run's job). ``since`` (ns): only files changed
+    (their ctime, which no copy can set back) after it are read, the others count as unchanged; None: all."""
+    from ..data.image_cache import image_cache_manifest
+    from ..features import feature_cache_manifest
+
     recorded = read_json(paths.run_file(key, "run_manifest.json")).get("inputs", {})
     now = project.resolver.run_config(key)["paths"]
+
+    def here(path) -> bool:
+        return bool(path) and Path(path).is_file() and (since is None or os.stat(path).st_ctime_ns > since)
+
     changes, rebuild = [], []
     inputs = (("manifest_sha256", now["manifest"]), ("split_sha256", now["split"]),
               ("features_sha256", now["features"]))     # features: runs on cached encoder features only
     for name, path in inputs:
-        if recorded.get(name) and path and Path(path).is_file() and file_digest(path) != recorded[name]:
+        if recorded.get(name) and here(path) and file_digest(path) != recorded[name]:
             changes.append(f"{path} (SHA-256 {recorded[name][:12]}… when the run was made, {file_digest(path)[:12]}… now)")
-    split = now["split"]
-    if Path(split).is_file() and Path(now["manifest"]).is_file():
-        made_from = read_json(split).get("manifest_sha256")
-        if made_from and made_from != file_digest(now["manifest"]):
-            changes.append(f"{split} was made from another version of {now['manifest']}")
-            rebuild.append(split)
+    manifest = now["manifest"]
+    made_from = {now["split"]: lambda f: read_json(f).get("manifest_sha256")}     # what each recorded as its manifest
+    if now["features"]:
+        made_from[now["features"]] = feature_cache_manifest
+    for pixels in (now.get("images") or {}).values():
+        made_from[pixels] = image_cache_manifest
+    for path, manifest_of in made_from.items():
+        if Path(path).is_file() and Path(manifest).is_file() and (here(path) or here(manifest)):
+            sha = manifest_of(path)
+            if sha and sha != file_digest(manifest):
+                changes.append(f"{path} was made from another version of {manifest}")
+                rebuild.append(path)
     for weights_id, files in (recorded.get("weights") or {}).items():
-        manifest = Path(paths.weights_manifest(weights_id))
-        if manifest.is_file():
-            current = {name: r["sha256"] for name, r in read_json(manifest)["files"].items()}
+        listing = Path(paths.weights_manifest(weights_id))
+        if listing.is_file():
+            current = {name: r["sha256"] for name, r in read_json(listing)["files"].items()}
             if current != files:
-                changes.append(f"pretrained weights {weights_id} ({manifest} lists other files or SHA-256s)")
+                changes.append(f"pretrained weights {weights_id} ({listing} lists other files or SHA-256s)")
     return changes, rebuild
 
 
@@ -107,6 +130,30 @@ def rebuild_command(project: Project, target: str | Path, files) -> str:
     user's rebuild must not read the full configuration)."""
     config = project.snakemake_config_args()
     return f"snakemake {target} --cores all {config + ' ' if config else ''}--forcerun {' '.join(map(str, files))}"
+
+
+def out_of_date(project: Project, target: str | Path, files) -> list[str]:
+    """Why a report ``target`` that exists must be made again though Snakemake sees nothing newer than it, from
+    ``files`` (its inputs): a file it was made from is missing now (deleted, never pulled), or a run behind it was
+    made from inputs that have changed since, without a newer modification time (put back with ``cp -p``). Cheap
+    enough for every DAG build: only inputs changed (ctime) after a run recorded them are hashed."""
+    if not Path(target).exists():
+        return []                   # Snakemake builds it anyway
+    files = list(map(str, files))
+    reasons = [f"{f} is missing" for f in files if not Path(f).exists()]
+    for key in runs_behind(files):
+        manifest = Path(paths.run_file(key, "run_manifest.json"))
+        if manifest.is_file():
+            since = manifest.stat().st_mtime_ns
+            if (key, since) not in _CHANGED:           # a run behind several reports is looked at once per DAG
+                _CHANGED[key, since] = changed_inputs(project, key, since=since)[0]
+            if _CHANGED[key, since]:
+                reasons.append(f"run {key.path} was made from inputs that have changed since: "
+                               f"{'; '.join(_CHANGED[key, since])}")
+    return reasons
+
+
+_CHANGED: dict[tuple[RunKey, int], list[str]] = {}
 
 
 def check_inputs(project: Project, files, target: str | Path) -> None:
