@@ -10,7 +10,7 @@ communicated; writes them as CSV and as the Markdown table of docs/fullsize.md.
     python benchmarks/fullsize_smoke.py --depth full --architectures   # one per architecture, full depth
     python benchmarks/fullsize_smoke.py --depth full --device cuda     # all of them, full depth, on a GPU
     python benchmarks/fullsize_smoke.py -k feddra --threads 2          # a subset (substring of the name)
-    python benchmarks/fullsize_smoke.py --protocol paper --device cuda # the authors' precision (fp16 CLIP weights)
+    python benchmarks/fullsize_smoke.py --numerics authors --device cuda   # the authors' precision (fp16 CLIP weights)
 
 ``--out`` (default: docs/fullsize-<depth>.csv) and ``--markdown`` (default:
 docs/fullsize.md, the section of this depth replaced) choose where the results go. Run from the
@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="keyword", help="only combinations whose name contains this")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per combination")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--protocol", help="run each combination under this protocol (paper: the authors' precision, "
-                                           "e.g. CLIP fine-tuned with fp16 weights); default: the grid's first")
+    parser.add_argument("--protocol", help="run each combination under this protocol; default: the grid's first")
+    parser.add_argument("--numerics", choices=("fast", "authors"), default="fast",
+                        help="authors: the authors' precision (e.g. CLIP fine-tuned with fp16 weights, slow on a CPU) "
+                             "and pixels; default fast (fp32 on a CPU)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs/fullsize.md")
     parser.add_argument("--no-markdown", action="store_true")
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, combo in enumerate(combos, 1):
             try:
                 row = F.run_combination(combo, Path(tmp) / combo.name, depth=depth, threads=args.threads,
-                                        device=args.device, protocol=args.protocol)
+                                        device=args.device, protocol=args.protocol, numerics=args.numerics)
             except Exception as error:   # noqa: BLE001 - report every failure, go on with the others
                 failed.append(combo.name)
                 print(f"[{i}/{len(combos)}] {combo.name}: FAILED\n{error}", file=sys.stderr, flush=True)

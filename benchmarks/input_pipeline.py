@@ -12,7 +12,9 @@ training transforms, on synthetic images it writes at real sizes:
   longer side to 256, zero-padded, random crop 224).
 
 "original" is how training read images before the cache: a full decode of the file every epoch, the
-RGB conversion, then the transform. "cache" reads the decode-once cache built for that pipeline
+RGB conversion, then the transform. The pipelines are the fast numerics' (README "Numerics": random crops from a
+cache at twice the crop size); under the authors' numerics a random-crop pipeline reads the original files
+(benchmarks/numerics.py compares the two). "cache" reads the decode-once cache built for that pipeline
 (``fedrepro image-cache``; its one-off build rate is printed too). One process, one torch thread:
 figures are per core (a job with N loader workers scales them by about N).
 
@@ -73,7 +75,7 @@ def synthetic_jpegs(folder: Path, n: int, width: int, height: int, mode: str, se
 
 def training_transform(paper: str, setting: str, method: str):
     """The training transform a real run of (paper, setting, method) builds (random-init weights)."""
-    project = load_project([ROOT / "config/config.yaml"], root=ROOT)
+    project = load_project([ROOT / "config/config.yaml"], {"numerics": "fast"}, root=ROOT)
     model = dict(project.resolver.train_config(paper, setting, method, "clean")["model"])
     if "encoder" in model:
         model["encoder"] = {**model["encoder"], "pretrained": "none"}
@@ -111,7 +113,7 @@ def main() -> None:
                 write_manifest(folder / "manifest.csv", made[size])
             manifest = made[size]
             transform = training_transform(paper, setting, method)
-            spec = spec_of(transform)
+            spec = spec_of(transform, "fast")
             common = (folder, manifest["path"].tolist(), manifest["label"].to_numpy(), np.arange(len(manifest)), transform)
 
             original = images_per_second(ManifestImages(*common, decode=DecodeSpec()), 1)

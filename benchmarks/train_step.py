@@ -185,9 +185,10 @@ def eval_rate(family, model, kind: str, batch: dict, compute: Compute, steps: in
 
 def input_rates(transform, spec, batch_size: int, images: int, pin: bool) -> dict:
     """The input pipeline on synthetic 1024 x 768 JPEGs through ``transform`` (first resize ``spec``), in
-    images/s: ``loader_img_s`` (the project's loader over the decode-once cache, the job's default workers),
-    ``decode_img_s`` (one process decoding the original files in full, as the authors' loaders and the paper
-    protocol do), ``cache_img_s`` (one process building the decode-once cache at ``spec``)."""
+    images/s: ``loader_img_s`` (the project's loader over the decode-once cache, or over the original files for a
+    pipeline on the full-resolution image, the authors' random crops; the job's default workers),
+    ``decode_img_s`` (one process decoding the original files in full, as the authors' loaders and the authors'
+    numerics do), ``cache_img_s`` (one process building the decode-once cache at ``spec``; None without one)."""
     import numpy as np
     from input_pipeline import synthetic_jpegs
 
@@ -207,10 +208,12 @@ def input_rates(transform, spec, batch_size: int, images: int, pin: bool) -> dic
         for i in range(min(len(originals), 32)):
             originals[i]
         decode = min(len(originals), 32) / (time.perf_counter() - start)
-        start = time.perf_counter()
-        build_image_cache(folder / "manifest.csv", folder, spec, folder / f"{spec.key}.u8", workers=1)
-        cache = len(manifest) / (time.perf_counter() - start)
-        data = ManifestImages(folder, *rows, transform, decode=spec, cache=ImageCache(folder / f"{spec.key}.u8", spec=spec))
+        cache, data = None, originals
+        if spec.size is not None:
+            start = time.perf_counter()
+            build_image_cache(folder / "manifest.csv", folder, spec, folder / f"{spec.key}.u8", workers=1)
+            cache = len(manifest) / (time.perf_counter() - start)
+            data = ManifestImages(folder, *rows, transform, decode=spec, cache=ImageCache(folder / f"{spec.key}.u8", spec=spec))
         with loader_pool([data], workers, pin_memory=pin):
             generator = torch.Generator().manual_seed(0)
             for _ in batches(data, batch_size, shuffle=True, generator=generator, num_workers=workers):
@@ -222,7 +225,7 @@ def input_rates(transform, spec, batch_size: int, images: int, pin: bool) -> dic
                     seen += len(b["x"])
             loader = seen / (time.perf_counter() - start)
     return {"loader_img_s": round(loader, 1), "loader_workers": workers, "decode_img_s": round(decode, 1),
-            "cache_img_s": round(cache, 1), "host_cpus": available_cpus()}
+            "cache_img_s": None if cache is None else round(cache, 1), "host_cpus": available_cpus()}
 
 
 def peak_mb(device) -> float | None:
@@ -297,12 +300,12 @@ def main() -> None:
         if kind != "features" and inputs:
             cfg = meta_model_config(run["train"]["model"])
             if kind == "encode":
-                transform, spec = family.eval_transform(), encoder_decode_spec(cfg["encoder"])
+                transform, spec = family.eval_transform(), encoder_decode_spec(cfg["encoder"], cfg.get("pixels", "authors"))
             else:
                 transform, spec = family.train_transform(), decode_specs(cfg)["train"]
             pipeline = input_rates(transform, spec, size, args.loader_images, gpu)
-            shown = (f"  {pipeline['loader_img_s']:10.1f} ({pipeline['loader_workers']}) / {pipeline['decode_img_s']:.1f} "
-                     f"/ {pipeline['cache_img_s']:.1f}")
+            built = "no cache" if pipeline["cache_img_s"] is None else f"{pipeline['cache_img_s']:.1f}"
+            shown = f"  {pipeline['loader_img_s']:10.1f} ({pipeline['loader_workers']}) / {pipeline['decode_img_s']:.1f} / {built}"
         for precision in args.precisions:
             for channels_last in layouts:
                 compute = Compute(device, precision, channels_last)

@@ -59,11 +59,13 @@ class Combination:
     input: str
 
 
-@lru_cache(maxsize=1)
-def project():
+@lru_cache(maxsize=2)
+def project(numerics: str = "fast"):
+    """The full grid under ``numerics``: the fast ones by default, whose precision on the CPU is fp32 (the authors'
+    fp16 CLIP runs matmuls about 100 times slower on a CPU than fp32; ``numerics="authors"`` on a GPU)."""
     from fedrepro.config import load_project
 
-    return load_project([ROOT / "config/config.yaml"], root=ROOT)
+    return load_project([ROOT / "config/config.yaml"], {"numerics": numerics}, root=ROOT)
 
 
 def architecture(model: dict) -> str:
@@ -138,13 +140,14 @@ def random_init(model: dict) -> dict:
 
 
 def smoke_run(combo: Combination, workdir: Path, *, local_steps: int = 1, batch_size: int = 2,
-              device: str = "cpu", protocol: str | None = None) -> dict:
+              device: str = "cpu", protocol: str | None = None, numerics: str = "fast") -> dict:
     """The representative run of ``combo`` for one round on the synthetic federation in ``workdir``, under
-    ``protocol`` if given (``paper``: the authors' precision, e.g. CLIP's fp16 weights), else the first configured."""
+    ``protocol`` if given, else the first configured, and ``numerics`` (``authors``: the authors' precision, e.g.
+    CLIP's fp16 weights, and pixels)."""
     from fedrepro.io import hash_obj
     from fedrepro.models.weights import weight_specs
 
-    proj = project()
+    proj = project(numerics)
     key = proj.resolver.run_key(combo.paper, combo.setting, combo.method, proj.seeds[0], protocol)
     run = copy.deepcopy(proj.resolver.run_config(key))
     model = random_init(run["train"]["model"])

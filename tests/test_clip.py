@@ -514,20 +514,23 @@ def test_training_job_prompts_with_the_class_texts_and_records_the_run_variant(t
     assert variant["class_texts"] == {"texts": texts, "sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest()}
     assert variant["dataset"] == {"name": "demo_bt", "options": entry.obj.options}
     assert variant["split"]["id"] == run["split_id"] and variant["split"]["spec"]["kind"] == "iid"
-    assert variant["precision"] == "fp32" and variant["jpeg_draft"] is True
+    assert variant["precision"] == "fp32" and variant["jpeg_draft"] is False      # the authors' numerics
+    assert variant["numerics"] == "authors" and variant["pixels"] == "authors"
     with_texts("another folder of")
     with pytest.raises(InputMismatch, match=r"rebuild it: snakemake --cores all --force .*\.pt"):
         train_run(run, "out2", "ckpt2")
 
 
-def test_paper_protocol_reads_the_authors_data_and_pixels():
+def test_paper_protocol_reads_the_authors_data_and_both_decode_as_the_numerics_say():
     """The paper protocol trains on the data the authors' loaders read: the skin set whose ISIC 2019 client
     keeps its HAM10000 and Kaggle SC images (FACMIC Real / FAA-CLIP SC: 19,766 ISIC images in Table 1 /
-    Table I), BT2 with BT's SARTAJ images (FACMIC Table 5), and full-resolution JPEG decodes (torchvision's
-    ``datasets.ImageFolder`` + PIL, ``utils/prepare_data_dg_clip.py``); clean de-duplicates and may draft.
-    The split, its file and the tables' split counts follow the protocol's dataset."""
-    from parity.harness import project
+    Table I), BT2 with BT's SARTAJ images (FACMIC Table 5); clean de-duplicates. Both decode JPEGs in full
+    under the authors' numerics (torchvision's ``datasets.ImageFolder`` + PIL, ``utils/prepare_data_dg_clip.py``)
+    and with DCT scaling under the fast ones. The split, its file and the tables' split counts follow the
+    protocol's dataset."""
+    from parity.harness import ROOT, project
 
+    from fedrepro.config import load_project
     from fedrepro.paths import RunKey
     from fedrepro.report.item import ReportItem
 
@@ -541,11 +544,13 @@ def test_paper_protocol_reads_the_authors_data_and_pixels():
             assert run["dataset"] == expected and run["paths"]["manifest"].endswith(f"/{expected}.csv")
             assert run["split_id"].startswith(f"{expected}-") and run["split_id"] in run["paths"]["split"]
             assert ReportItem(proj, protocol, paper, "tables", "table2").split_id(setting, 0) == run["split_id"]
-            assert run["jpeg_draft"] is (protocol == "clean")
-            assert ("-full-" in run["features"]["key"]) is (protocol == "paper")
-    for protocol in ("clean", "paper"):
-        images = proj.resolver.run_config(RunKey("facmic", protocol, "real", "fedavg", 0))["paths"]["images"]
-        assert images and all(path.endswith("-full.u8") is (protocol == "paper") for path in images.values())
+            assert run["jpeg_draft"] is False and "-full-" in run["features"]["key"]
+    fast = load_project([ROOT / "config/config.yaml"], {"numerics": "fast"}, root=ROOT)
+    for project_, full in ((proj, True), (fast, False)):
+        for protocol in ("clean", "paper"):
+            key = project_.resolver.run_key("facmic", "real", "fedavg", 0, protocol)
+            images = project_.resolver.run_config(key)["paths"]["images"]
+            assert images and all(path.endswith("-full.u8") is full for path in images.values())
     assert proj.config["data"]["jpeg_draft"] == "auto"
 
 

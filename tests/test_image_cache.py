@@ -62,17 +62,31 @@ def test_decode_matches_torchvision_resize_and_keeps_greyscale(images):
 def test_spec_of_reads_the_first_resize_of_a_pipeline():
     from torchvision import transforms as T
 
+    from fedrepro.data.decode import ToRGB
     from fedrepro.models.projected import MultiView
     from fedrepro.models.vlp import PadToSquare
 
-    assert spec_of(T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor()])) == DecodeSpec(256, "shorter", "bilinear")
-    assert spec_of(T.Compose([T.Resize((96, 96)), T.ToTensor()])) == DecodeSpec(96, "square", "bilinear")
-    assert spec_of(T.Compose([T.Compose([PadToSquare(256), T.CenterCrop(224)]), T.ToTensor()])) == \
-        DecodeSpec(256, "longer", "bicubic")
+    for pixels in ("authors", "fast"):
+        assert spec_of(T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor()]), pixels) == \
+            DecodeSpec(256, "shorter", "bilinear")
+        assert spec_of(T.Compose([T.Resize((96, 96)), T.ToTensor()]), pixels) == DecodeSpec(96, "square", "bilinear")
+        assert spec_of(T.Compose([T.ToTensor()]), pixels) == DecodeSpec()
+    # MGCA's pad-to-square: cv2 INTER_AREA (the authors') or PIL bicubic (fast)
+    pad = T.Compose([T.Compose([PadToSquare(256), T.CenterCrop(224)]), T.ToTensor()])
+    assert spec_of(pad) == DecodeSpec(256, "longer", "area", library="cv2")
+    pad_fast = T.Compose([T.Compose([PadToSquare(256, pixels="fast"), T.CenterCrop(224)]), T.ToTensor()])
+    assert spec_of(pad_fast, "fast") == DecodeSpec(256, "longer", "bicubic")
+    # random crops: from the full-resolution image (the authors'), or from twice the crop size (fast)
     views = MultiView(T.Compose([T.RandomResizedCrop(224), T.ToTensor()]), T.Compose([T.RandomResizedCrop(112)]))
-    assert spec_of(views) == DecodeSpec(448, "shorter", "bilinear")   # the larger view's needs
-    assert spec_of(T.Compose([T.ToTensor()])) == DecodeSpec()
-    assert DecodeSpec.from_key(DecodeSpec(448, "shorter", "bilinear").key) == DecodeSpec(448, "shorter", "bilinear")
+    assert spec_of(views, "fast") == DecodeSpec(448, "shorter", "bilinear")   # the larger view's needs
+    assert spec_of(views, "authors") == DecodeSpec()
+    # CLIP's preprocess converts to RGB after its resize: the authors' resize runs in the file's own mode
+    clip = T.Compose([T.Resize(224, T.InterpolationMode.BICUBIC), T.CenterCrop(224), ToRGB(), T.ToTensor()])
+    assert spec_of(clip) == DecodeSpec(224, "shorter", "bicubic", convert="after")
+    assert spec_of(clip, "fast") == DecodeSpec(224, "shorter", "bicubic")
+    for spec in (DecodeSpec(448, "shorter", "bilinear"), DecodeSpec(256, "longer", "area", False, "cv2"),
+                 DecodeSpec(224, "shorter", "bicubic", False, convert="after")):
+        assert DecodeSpec.from_key(spec.key) == spec
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -156,8 +170,9 @@ def _image_models():
     from fedrepro.config import load_project
 
     seen = {}
-    for files in (["config/config.yaml"], ["config/config.yaml", "config/demo.yaml"]):
-        project = load_project(files)
+    for files, numerics in ((["config/config.yaml"], "authors"), (["config/config.yaml", "config/demo.yaml"], "authors"),
+                            (["config/config.yaml"], "fast")):
+        project = load_project(files, {"numerics": numerics})
         for key in project.plan.runs():
             run = project.resolver.run_config(key)
             if run["input"] == "features":
@@ -182,5 +197,6 @@ def test_declared_decode_specs_are_those_of_the_real_transforms():
     for model, impl in models:
         family = model_class(impl)(model, ["a", "b", "c"], {})
         declared = decode_specs(model)
-        assert declared["train"] == spec_of(family.train_transform()), model
-        assert declared["eval"] == spec_of(family.eval_transform()), model
+        assert declared["train"] == spec_of(family.train_transform(), model["pixels"]), model
+        assert declared["eval"] == spec_of(family.eval_transform(), model["pixels"]), model
+    assert {model["pixels"] for model, _ in models} == {"authors", "fast"}

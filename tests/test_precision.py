@@ -243,55 +243,16 @@ class ClipParts(torch.nn.Module):
         self.logit_scale = torch.nn.Parameter(torch.tensor(4.6052))
 
 
-def authors_convert_weights(model: torch.nn.Module) -> None:
-    """openai/CLIP ``clip/model.py::convert_weights`` (called by ``clip.load`` on a GPU and, in FACMIC's and
-    FAA-CLIP's ``utils/training.py::train``, after every optimizer step of FedAVG, FedProx, MOON, FedFocal):
-    .half() on the weight and bias of Conv1d/Conv2d/Linear, the in/q/k/v projections and biases of
-    MultiheadAttention, and the ``text_projection`` / ``proj`` attributes; written independently."""
-    for module in model.modules():
-        names = []
-        if isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Linear)):
-            names = ["weight", "bias"]
-        if isinstance(module, torch.nn.MultiheadAttention):
-            names = ["in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v"]
-        for name in names + ["text_projection", "proj"]:
-            tensor = getattr(module, name, None)
-            if isinstance(tensor, torch.Tensor):
-                tensor.data = tensor.data.half()
-
-
-class AuthorsLayerNorm(torch.nn.LayerNorm):
-    """openai/CLIP ``clip/model.py::LayerNorm``: normalises in fp32 whatever the input's dtype, returns that dtype;
-    written independently."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.float()).to(x.dtype)
-
-
-def authors_fp16_clip(model: torch.nn.Module) -> None:
-    """The model ``clip.load(name, device="cuda")`` returns: OpenAI's LayerNorm in every norm, then
-    :func:`authors_convert_weights`."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            module.__class__ = AuthorsLayerNorm
-    authors_convert_weights(model)
-
-
-def authors_convert_models_to_fp32(model: torch.nn.Module) -> None:
-    """AIPMLab/FACMIC (and FAA-CLIP) ``utils/clip_util.py::convert_models_to_fp32``: every parameter and its
-    gradient cast to fp32 in place, right before ``optimizer.step()``."""
-    for p in model.parameters():
-        p.data = p.data.float()
-        if p.grad is not None:
-            p.grad.data = p.grad.data.float()
-
-
 def test_fp16_weights_steps_as_the_authors_loop_and_damps_small_updates():
     """Adam (the papers' lr 5e-5, betas (0.9, 0.98), eps 1e-6, wd 0.02) on the same gradients: the authors'
-    loop (fp16 weights and fp16 gradients, convert_models_to_fp32, step, convert_weights) and ours
-    (fp32 storage, ``Compute.keep_fp16_weights``) hold the same values after every step. Updates below half
-    an fp16 step are lost: most fp16 weights never move, where fp32 training moves every one of them;
-    LayerNorm, embeddings and the logit scale stay fp32 and do move."""
+    loop (fp16 weights and fp16 gradients, convert_models_to_fp32, step, convert_weights: AIPMLab/FACMIC
+    ``utils/training.py::train``) and ours (``Compute.round_weights``: fp16 storage, ``Compute.keep_fp16_weights``:
+    the same casts around every step) hold the same values after every step, also across a saved and reloaded
+    optimizer state (its fp32 moments stay fp32). Updates below half an fp16 step are lost: most fp16 weights
+    never move, where fp32 training moves every one of them; LayerNorm, embeddings and the logit scale stay
+    fp32 and do move."""
+    from parity.clip_spec import authors_convert_models_to_fp32, authors_convert_weights
+
     from fedrepro.device import fp16_weight_parameters
     from fedrepro.fl.local import make_optimizer
 
@@ -309,11 +270,18 @@ def test_fp16_weights_steps_as_the_authors_loop_and_damps_small_updates():
     fp32_opt = make_optimizer(fp32.parameters(), cfg)
     halves = {name for name, p in reference.named_parameters() if p.dtype == torch.float16}
     assert halves == {name for name, p in ours.named_parameters() if any(p is q for q in fp16_weight_parameters(ours))}
+    assert halves == {name for name, p in ours.named_parameters() if p.dtype == torch.float16}   # stored in fp16
     assert halves >= {"mlp.weight", "attn.in_proj_weight", "attn.out_proj.weight", "proj", "text_projection"}
     assert not halves & {"norm.weight", "embed.weight", "logit_scale"}
 
     gen = torch.Generator().manual_seed(1)
-    for _ in range(5):
+    for step in range(5):
+        if step == 3:            # a client's next turn: its saved optimizer state loaded into a new optimizer
+            saved = copy.deepcopy(ours_opt.state_dict())
+            ours_opt = make_optimizer(ours.parameters(), cfg)
+            compute.keep_fp16_weights(ours_opt, ours)
+            ours_opt.load_state_dict(saved)
+            assert all(v["exp_avg"].dtype == torch.float32 for v in ours_opt.state.values())
         grads = {name: torch.randn(p.shape, generator=gen) * 1e-2 for name, p in start.named_parameters()}
         for name, p in reference.named_parameters():
             p.grad = grads[name].to(p.dtype)                  # an fp16 weight's gradient is fp16
@@ -322,25 +290,26 @@ def test_fp16_weights_steps_as_the_authors_loop_and_damps_small_updates():
         authors_convert_weights(reference)
         for model, opt in ((ours, ours_opt), (fp32, fp32_opt)):
             for name, p in model.named_parameters():
-                p.grad = grads[name].half().float() if name in halves else grads[name].clone()
+                p.grad = grads[name].to(p.dtype)
             opt.step()
         for name, p in ours.named_parameters():
-            expected = dict(reference.named_parameters())[name].float()
-            assert torch.allclose(p, expected, rtol=0, atol=1e-7 if name not in halves else 0), name
+            expected = dict(reference.named_parameters())[name]
+            assert p.dtype == expected.dtype and torch.equal(p, expected), name
 
     for name, p in ours.named_parameters():
         before = dict(start.named_parameters())[name]
         if name in halves:
             moved32 = (dict(fp32.named_parameters())[name] != before.half().float()).float().mean()
-            moved16 = (p != before.half().float()).float().mean()
+            moved16 = (p.float() != before.half().float()).float().mean()
             assert moved32 > 0.95 and moved16 < 0.5, (name, float(moved16), float(moved32))
         else:
             assert (p != before).float().mean() > 0.95, name
 
 
 def test_fp16_weights_through_the_engine_rounds_every_client_update(tmp_path):
-    """FAA-CLIP's FedAVG on the tiny CLIP: what every client uploads and the server's average hold fp16
-    values in their fp16 weights, LayerNorm stays fp32, and the run differs from fp32 training."""
+    """FAA-CLIP's FedAVG on the tiny CLIP: what every client uploads and the server's average are fp16 in their
+    fp16 weights, LayerNorm stays fp32, and the run differs from fp32 training (bit-for-bit parity with the
+    authors' loop: tests/parity/test_clip_fp16.py)."""
     from parity.harness import UpdateLog, drive, image_federation, paper_run
 
     from fedrepro.device import fp16_weight_parameters
@@ -358,64 +327,71 @@ def test_fp16_weights_through_the_engine_rounds_every_client_update(tmp_path):
     norms = [n for n in names.values() if n not in halves and ".ln" in n]
     for entry in log.entries:
         for name in halves:
-            sent = entry["payload"][name]
-            assert torch.equal(sent, sent.half().float()), (entry["client"], name)
+            assert entry["payload"][name].dtype == torch.float16, (entry["client"], name)
     state = server.state_dict()
-    assert all(torch.equal(state[n], state[n].half().float()) for n in halves)
-    assert any(not torch.equal(state[n], state[n].half().float()) for n in norms)
-    assert any(not torch.equal(state[n], driven32.method.server.state_dict()[n]) for n in halves)
+    assert all(state[n].dtype == torch.float16 for n in halves)
+    assert norms and all(state[n].dtype == torch.float32 for n in norms)
+    assert any(not torch.equal(state[n].float(), driven32.method.server.state_dict()[n]) for n in halves)
 
 
-def test_paper_protocol_computes_at_the_authors_precision():
-    """The paper protocol: fp16_weights for the full fine-tuning baselines of FACMIC and FAA-CLIP (the rows
-    whose code loop calls convert_models_to_fp32 / clip.model.convert_weights: AIPMLab/FACMIC and
+def test_the_authors_numerics_compute_at_the_authors_precision_under_both_protocols():
+    """The authors' numerics (the default): fp16_weights for the full fine-tuning baselines of FACMIC and FAA-CLIP
+    (the rows whose code loop calls convert_models_to_fp32 / clip.model.convert_weights: AIPMLab/FACMIC and
     AIPMLab/FAA-CLIP ``utils/training.py::train``, methods fedavg, fedprox, moon, fedfocal; Centralized is
-    FACMIC's fedavg loop on pooled data), fp32 for everything else (no AMP in any of the five papers' code);
-    the clean protocol keeps auto."""
-    from parity.harness import project
+    FACMIC's fedavg loop on pooled data), fp32 for everything else (no AMP in any of the five papers' code),
+    the same under clean and paper; the fast numerics: auto (bf16 on a capable GPU) everywhere."""
+    from parity.harness import ROOT
 
-    proj = project()
     fp16_rows = {"facmic": {"centralized", "fedavg", "fedprox", "moon", "fedfocal"},
                  "faa_clip": {"fedavg", "fedprox", "moon"}}
-    for paper, grid in proj.papers.items():
-        setting = next(iter(grid["settings"]))
-        for method in grid["methods"]:
-            expected = "fp16_weights" if method in fp16_rows.get(paper, ()) else "fp32"
-            assert proj.resolver.train_config(paper, setting, method, "paper")["precision"] == expected, (paper, method)
-            assert proj.resolver.train_config(paper, setting, method, "clean")["precision"] == "auto", (paper, method)
+    for numerics in ("authors", "fast"):
+        proj = load_project([ROOT / "config/config.yaml"], {"numerics": numerics}, root=ROOT)
+        for paper, grid in proj.papers.items():
+            setting = next(iter(grid["settings"]))
+            for method in grid["methods"]:
+                authors = "fp16_weights" if method in fp16_rows.get(paper, ()) else "fp32"
+                expected = authors if numerics == "authors" else "auto"
+                for protocol in ("clean", "paper"):
+                    assert proj.resolver.train_config(paper, setting, method, protocol)["precision"] == expected, \
+                        (numerics, paper, method, protocol)
 
 
-def test_paper_protocol_encodes_with_the_authors_fp16_frozen_clip():
+def test_the_authors_numerics_encode_with_the_authors_fp16_frozen_clip():
     """FACMIC's and FAA-CLIP's frozen CLIP is ``clip.load``'s on a GPU, fp16 (AIPMLab/FACMIC and AIPMLab/FAA-CLIP
     ``nets/models.py::ClipModelat``; openai/CLIP ``clip/model.py::convert_weights``), and their FAM and FedCLIP
-    loops (``utils/training.py::train``) never convert it to fp32. Under ``paper`` every family that keeps
-    CLIP frozen outside the trained model (cached features, and the image-path twins) encodes with it; the
-    paper protocol's feature caches are their own (``-fp16w``), the clean protocol's keep their keys; the
-    families that train CLIP have no such setting (their ``train.precision`` is the authors')."""
+    loops (``utils/training.py::train``) never convert it to fp32. Under the authors' numerics (both protocols)
+    every family that keeps CLIP frozen outside the trained model (cached features, and the image-path twins)
+    encodes with it, and clean and paper runs share the feature caches (``-full-fp16w``); the fast numerics encode in
+    fp32 from DCT-scaled JPEGs, with the keys the caches had before numerics were a choice. The families that
+    train CLIP have no such setting (their ``train.precision`` is the authors')."""
     from parity.harness import ROOT
 
     from fedrepro.models.encoders import frozen_encoder_precision
 
-    proj = load_project([ROOT / "config/config.yaml"], {"protocols": ["clean", "paper"]}, root=ROOT)
     frozen = {"clip_fam", "clip_adapter", "clip_fam_images", "clip_adapter_images"}
-    for paper in ("facmic", "faa_clip"):
-        setting = next(iter(proj.papers[paper]["settings"]))
-        for method in proj.papers[paper]["methods"]:
-            for protocol, expected in (("paper", "fp16_weights"), ("clean", "fp32")):
-                model = proj.resolver.train_config(paper, setting, method, protocol)["model"]
-                want = expected if model["family"] in frozen else None
-                assert frozen_encoder_precision(model) == want, (paper, method, protocol)
-    caches = {"clean": set(), "paper": set()}
-    for key in proj.plan.runs():
-        run = proj.resolver.run_config(key)
-        if key.paper in ("facmic", "faa_clip") and run["features"]:
-            caches[key.protocol].add(run["paths"]["features"])
-            half = run["features"]["encoder"].get("precision") == "fp16_weights"
-            assert half == (key.protocol == "paper") == ("-fp16w-" in run["features"]["key"]), key
-            assert proj.plan.features()[(run["dataset"], run["features"]["key"])]["encoder"] == run["features"]["encoder"]
-    assert caches["paper"] and caches["clean"] and not caches["paper"] & caches["clean"]
-    # the clean protocol's caches are those of before the frozen encoder had a precision
+    caches = {}
+    for numerics, expected in (("authors", "fp16_weights"), ("fast", "fp32")):
+        proj = load_project([ROOT / "config/config.yaml"], {"protocols": ["clean", "paper"], "numerics": numerics},
+                            root=ROOT)
+        for paper in ("facmic", "faa_clip"):
+            setting = next(iter(proj.papers[paper]["settings"]))
+            for method in proj.papers[paper]["methods"]:
+                for protocol in ("clean", "paper"):
+                    model = proj.resolver.train_config(paper, setting, method, protocol)["model"]
+                    want = expected if model["family"] in frozen else None
+                    assert frozen_encoder_precision(model) == want, (numerics, paper, method, protocol)
+        for key in proj.plan.runs():
+            run = proj.resolver.run_config(key)
+            if key.paper in ("facmic", "faa_clip") and run["features"]:
+                caches.setdefault((numerics, key.protocol), set()).add(run["paths"]["features"])
+                half = run["features"]["encoder"].get("precision") == "fp16_weights"
+                assert half == (numerics == "authors") == ("-full-fp16w-" in run["features"]["key"]), key
+                assert proj.plan.features()[(run["dataset"], run["features"]["key"])]["encoder"] == run["features"]["encoder"]
+        twin = proj.resolver.run_config(proj.resolver.run_key("faa_clip", "sc", "faa_clip_images", 0, "paper"))
+        assert twin["train"]["model"]["encoder"].get("precision", "fp32") == expected and twin["features"] is None
+    names = {kind: {path.rsplit("/", 1)[1] for path in paths} for kind, paths in caches.items()}   # the datasets may differ
+    assert names[("authors", "clean")] == names[("authors", "paper")]
+    assert not caches[("authors", "clean")] & caches[("fast", "clean")]
+    # the fast numerics' caches are those clean runs had before numerics were a choice
     assert {"resources/features/bt/ViT-B-16-openai-clip-96f10f.pt",
-            "resources/features/officehome/ViT-B-32-openai-resize_imagenet-224px-a37dfa.pt"} <= caches["clean"]
-    twin = proj.resolver.run_config(proj.resolver.run_key("faa_clip", "sc", "faa_clip_images", 0, "paper"))
-    assert twin["train"]["model"]["encoder"]["precision"] == "fp16_weights" and twin["features"] is None
+            "resources/features/officehome/ViT-B-32-openai-resize_imagenet-224px-a37dfa.pt"} <= caches[("fast", "clean")]

@@ -110,7 +110,8 @@ def cmd_features(args) -> None:
     seed_global(0, "init")  # random-init encoders (tests, demo) must be the same in every job
     build_feature_cache(Path(args.manifest), Path(args.raw_dir), list(dataset(args.dataset).class_texts),
                         json.loads(args.encoder), Path(args.out), resolve_device(args.device),
-                        workers=resolve_workers(args.workers), draft=args.jpeg_draft == "true", precision=args.precision)
+                        workers=resolve_workers(args.workers), draft=args.jpeg_draft == "true", precision=args.precision,
+                        pixels=args.pixels)
 
 
 def cmd_train(args) -> None:
@@ -429,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", required=True, help="encoder spec as JSON")
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", default="auto", help="image decoding processes (auto = the job's CPUs minus one)")
-    p.add_argument("--jpeg-draft", choices=("true", "false"), default="true", help="JPEG DCT scaling (data.jpeg_draft)")
+    p.add_argument("--jpeg-draft", choices=("true", "false"), default="false", help="JPEG DCT scaling (data.jpeg_draft)")
+    p.add_argument("--pixels", choices=("authors", "fast"), default="authors",
+                   help="whose pixel pipeline (train.model.pixels, from the run's numerics)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16", "auto"), default="fp32",
                    help="the image tower's forward pass (fedrepro.device); fp32 keeps the cache exact")
     p.add_argument("--out", required=True)

@@ -6,16 +6,20 @@
   in 16 bits); ``auto`` = bf16 on a CUDA GPU that supports it (``torch.cuda.is_bf16_supported()``),
   fp32 otherwise (always fp32 on the CPU). fp16 needs a gradient scaler (:meth:`Compute.scaler`),
   bf16 does not (its exponent range is fp32's).
-- ``fp16_weights``: how the FACMIC and FAA-CLIP authors fine-tuned CLIP. OpenAI's ``clip.load`` on a GPU
-  keeps the weights of every linear, convolution and attention projection (and ``proj``,
-  ``text_projection``) in fp16 (``clip.model.convert_weights``); their training loops cast the weights and
-  gradients to fp32 for Adam's step (``utils/clip_util.py::convert_models_to_fp32``) and round the weights
-  back to fp16 right after it (``clip.model.convert_weights``), with no loss scaling. So Adam's moments are
-  fp32, but an update smaller than half an fp16 step of the weight is lost. Here those parameters are
-  stored in fp32 holding fp16 values: rounded after every optimizer step (:meth:`Compute.keep_fp16_weights`)
-  and after aggregation (the authors' server copies its average into fp16 weights); the forward pass
-  runs under fp16 autocast, without a gradient scaler. LayerNorm, embeddings and the logit scale stay
-  fp32, as in the authors' models.
+- ``fp16_weights``: how the FACMIC and FAA-CLIP authors fine-tuned CLIP, reproduced as their code does it. OpenAI's
+  ``clip.load`` on a GPU stores the weights of every linear, convolution and attention projection (and ``proj``,
+  ``text_projection``) in fp16 (openai/CLIP ``clip/model.py::convert_weights``) and normalises in fp32
+  (``clip/model.py::LayerNorm``: the input cast to fp32, the result back to its dtype); the model then runs in pure
+  fp16 (no autocast: every activation, residual sum and gradient of those weights is fp16; ``encode_image`` casts
+  the images to fp16). Their training loops (AIPMLab/FACMIC and AIPMLab/FAA-CLIP ``utils/training.py::train``)
+  cast every weight and gradient to fp32 right before ``optimizer.step()``
+  (``utils/clip_util.py::convert_models_to_fp32``) and the fp16 ones back right after it
+  (``clip.model.convert_weights``), with no loss scaling: Adam's moments are fp32, an update smaller than half an
+  fp16 step of the weight is lost. Here :meth:`Compute.round_weights` makes a model so (fp16 storage, fp32
+  LayerNorm), :meth:`Compute.keep_fp16_weights` wraps each optimizer step in the two casts (and loads a saved
+  optimizer state without rounding its fp32 moments), and the average of the clients' fp16 weights is summed in
+  fp32 and copied into fp16 weights (``utils/aggregation.py::communication``; :func:`fedrepro.fl.method.weighted_average`).
+  LayerNorm, embeddings and the logit scale stay fp32, as in the authors' models.
 - ``train.channels_last``: ``true`` / ``false``, or ``auto`` = on for convolutional models
   (:func:`is_convolutional`) on a CUDA GPU, where cuDNN's NHWC kernels are faster; off on the CPU.
 
@@ -91,8 +95,9 @@ class Compute:
         return DTYPES[self.precision]
 
     def autocast(self):
-        """The forward pass (and the loss) of a training step or an evaluation batch runs inside this."""
-        if self.precision == "fp32":
+        """The forward pass (and the loss) of a training step or an evaluation batch runs inside this (under
+        fp16_weights the model itself is fp16: no autocast, as the authors' code)."""
+        if self.precision in ("fp32", "fp16_weights"):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
@@ -103,19 +108,27 @@ class Compute:
         return torch.amp.GradScaler(self.device.type)
 
     def keep_fp16_weights(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
-        """Under ``fp16_weights``: round ``model``'s fp16 weights (:func:`fp16_weight_parameters`) that
-        ``optimizer`` updates back to fp16 values after each of its steps; nothing otherwise."""
+        """Under ``fp16_weights``, each step of ``optimizer`` as the authors' loop takes it: every parameter of
+        ``model`` and its gradient cast to fp32 before the step (``convert_models_to_fp32``), the fp16 weights
+        (:func:`fp16_weight_parameters`) cast back after it (``clip.model.convert_weights``). Call it before
+        loading a saved state into ``optimizer``: its fp32 moments are then loaded as fp32 (torch casts a loaded
+        state to its parameters' dtype). Nothing otherwise."""
         if self.precision != "fp16_weights":
             return
-        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        weights = [p for p in fp16_weight_parameters(model) if id(p) in stepped]
-        optimizer.register_step_post_hook(lambda *_: round_to_fp16(weights))
+        halves = fp16_weight_parameters(model)
+        to_fp32 = lambda *_: convert_models_to_fp32(model)   # noqa: E731
+        to_fp16 = lambda *_: to_half(halves)                 # noqa: E731
+        optimizer.register_step_pre_hook(to_fp32)
+        optimizer.register_step_post_hook(to_fp16)
+        optimizer.register_load_state_dict_pre_hook(to_fp32)
+        optimizer.register_load_state_dict_post_hook(to_fp16)
 
     def round_weights(self, model: torch.nn.Module) -> None:
-        """Under ``fp16_weights``: round ``model``'s fp16 weights to fp16 values (a freshly built or
-        aggregated model); nothing otherwise."""
+        """Under ``fp16_weights``: ``model`` (freshly built or aggregated) as ``clip.load`` gives OpenAI's CLIP on a
+        GPU, in place: its fp16 weights stored in fp16, its LayerNorms computing in fp32 (:func:`authors_fp16`);
+        nothing otherwise."""
         if self.precision == "fp16_weights":
-            round_to_fp16(fp16_weight_parameters(model))
+            authors_fp16(model)
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """A model moved to channels_last (in place) if that was chosen."""
@@ -173,6 +186,49 @@ def round_to_fp16(tensors) -> None:
     """Each tensor in place to the nearest fp16 value (round to nearest even, as ``.half()``), kept in its dtype."""
     for t in tensors:
         t.copy_(t.to(torch.float16))
+
+
+class Fp32LayerNorm(torch.nn.LayerNorm):
+    """LayerNorm computed in fp32 whatever its input's dtype, returned in that dtype (openai/CLIP
+    ``clip/model.py::LayerNorm``; open_clip's ``LayerNormFp32`` does the same)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).to(x.dtype)
+
+
+def authors_fp16(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in place as OpenAI's ``clip.load(name, device="cuda")`` holds CLIP: the parameters
+    ``clip.model.convert_weights`` halves (:func:`fp16_weight_parameters`) stored in fp16, every LayerNorm computing in
+    fp32 (:class:`Fp32LayerNorm`); the model then computes in fp16, its inputs cast to fp16."""
+    to_half(fp16_weight_parameters(model))
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm) and not isinstance(module, Fp32LayerNorm):
+            module.__class__ = Fp32LayerNorm
+    return model
+
+
+def to_half(parameters) -> None:
+    """Each parameter stored in fp16 (``clip.model.convert_weights``: ``.data = .data.half()``)."""
+    for p in parameters:
+        p.data = p.data.half()
+
+
+def convert_models_to_fp32(model: torch.nn.Module) -> None:
+    """Every parameter of ``model`` and its gradient cast to fp32 in place (AIPMLab/FACMIC and AIPMLab/FAA-CLIP
+    ``utils/clip_util.py::convert_models_to_fp32``, called right before ``optimizer.step()``)."""
+    for p in model.parameters():
+        p.data = p.data.float()
+        if p.grad is not None:
+            p.grad.data = p.grad.data.float()
+
+
+def input_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype a model's images must have: its first convolution's weight's (fp16 for an fp16 CLIP, as
+    OpenAI's ``encode_image`` casts them: ``image.type(self.dtype)``), or None without a convolution."""
+    conv = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)
+    return None if conv is None else conv.weight.dtype
 
 
 def fp32(x: torch.Tensor) -> torch.Tensor:

@@ -30,9 +30,9 @@ from .seeding import fixed_threads
 @torch.no_grad()
 def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: dict, device: torch.device,
                    batch_size: int = 64, progress: bool = True, workers: int = 0, draft: bool = True,
-                   precision: str = "fp32") -> dict:
+                   precision: str = "fp32", pixels: str = "authors") -> dict:
     """Encode every manifest row once; images are decoded at the preprocessing's own size
-    (:mod:`fedrepro.data.decode`; JPEG DCT scaling if ``draft``) by ``workers`` loader processes
+    (:mod:`fedrepro.data.decode`, the ``pixels`` pipeline; JPEG DCT scaling if ``draft``) by ``workers`` loader processes
     while the encoder runs. ``precision`` (:mod:`fedrepro.device`) of the image tower's forward pass:
     fp32 by default, since the cache is computed once per dataset and is what every run on it reads.
     An encoder spec with ``precision: fp16_weights`` is the fp16 CLIP of OpenAI's ``clip.load`` instead
@@ -59,7 +59,7 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
 
     paths = manifest["path"].tolist()
     images = ManifestImages(raw_root, paths, manifest["label"].to_numpy(), np.arange(len(paths)), transform,
-                            decode=replace(spec_of(transform), draft=draft))
+                            decode=replace(spec_of(transform, pixels), draft=draft))
     feats = []
     bar = tqdm(total=len(paths), desc="encoding images", unit="img", disable=not progress)
     # one thread on a CPU: the same bytes with any --cores (on a GPU the host threads compute nothing of it)
@@ -82,15 +82,17 @@ def encode_dataset(manifest, raw_root: Path, class_names: list[str], encoder: di
 
 
 def build_feature_cache(manifest_path: Path, raw_root: Path, class_names: list[str], encoder: dict, out: Path,
-                        device: torch.device, workers: int = 0, draft: bool = True, precision: str = "fp32") -> dict:
+                        device: torch.device, workers: int = 0, draft: bool = True, precision: str = "fp32",
+                        pixels: str = "authors") -> dict:
     from .data.manifest import read_manifest
     from .models.weights import encoder_weights, require
 
     fetched = require(encoder_weights(encoder))    # the encoder's weights are there and intact, before any image
     manifest = read_manifest(manifest_path)
     cache = encode_dataset(manifest, raw_root, class_names, encoder, device, workers=workers, draft=draft,
-                           precision=precision)
+                           precision=precision, pixels=pixels)
     cache["jpeg_draft"] = draft
+    cache["pixels"] = pixels
     cache["manifest_sha256"] = sha256_file(manifest_path)
     weights = Path(encoder["pretrained"])
     # provenance of the weights: a local checkpoint's digest, or the tag and its fetched files' digests

@@ -3,7 +3,9 @@
 Configuration resolution, the Snakemake rules (through ``workflow/rules/common.smk``), the training
 and downstream jobs and the report all ask these functions; nothing else spells a path. Runs, tables
 and figures carry their protocol (``clean`` or ``paper``) in the path, so results of the two protocols
-live side by side and never overwrite each other.
+live side by side and never overwrite each other; a run computed with other numerics than the authors' (the
+default, README "Numerics") carries them too (``results/runs/clean-fast/...``), so runs of different numerics
+never overwrite each other either, and runs at the authors' numerics keep the paths they always had.
 
     resources/raw/<dataset>/                              raw files (+ .complete when verified)
     resources/manifests/<dataset>.csv                     one row per image (+ .skipped.csv)
@@ -19,6 +21,7 @@ live side by side and never overwrite each other.
     benchmarks/dataset_sizes.csv                          images per dataset where no split file is there (assumptions)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
+                                                          (<protocol>-fast/...: a run under the fast numerics)
     results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt and clients/ while running)
     results/downstream/<protocol>/<paper>/<setting>/<method>/seed<k>/<task>.json
     results/embeddings/<protocol>/<paper>/<setting>/<method>/seed<k>/<figure>.npz
@@ -44,19 +47,36 @@ PUBLISHED_DIR = "config/published"
 RUN_FILES = ("metrics.json", "history.csv", "predictions.npz", "run_manifest.json")
 
 
+DEFAULT_NUMERICS = "authors"
+NUMERICS = ("authors", "fast")
+
+
 @dataclass(frozen=True)
 class RunKey:
-    """One training job: (paper, protocol, setting, method variant, seed)."""
+    """One training job: (paper, protocol, setting, method variant, seed), computed with ``numerics``
+    (``authors`` or ``fast``; fedrepro.config.resolve)."""
 
     paper: str
     protocol: str
     setting: str
     method: str
     seed: int
+    numerics: str = DEFAULT_NUMERICS
+
+    @property
+    def folder(self) -> str:
+        """The run's top folder: its protocol, with ``-<numerics>`` where it does not compute as the authors did."""
+        return self.protocol if self.numerics == DEFAULT_NUMERICS else f"{self.protocol}-{self.numerics}"
 
     @property
     def path(self) -> str:
-        return f"{self.protocol}/{self.paper}/{self.setting}/{self.method}/seed{self.seed}"
+        return f"{self.folder}/{self.paper}/{self.setting}/{self.method}/seed{self.seed}"
+
+
+def split_folder(folder: str) -> tuple[str, str]:
+    """A run folder (:attr:`RunKey.folder`) -> (protocol, numerics)."""
+    protocol, _, numerics = folder.partition("-")
+    return protocol, numerics or DEFAULT_NUMERICS
 
 
 # ---- data --------------------------------------------------------------------------------------
@@ -209,8 +229,9 @@ def run_key_of(path: str) -> RunKey | None:
         if path.startswith(tree):
             parts = path[len(tree):].split("/")
             if len(parts) >= 6 and parts[4].startswith("seed") and parts[4][4:].isdigit():
-                protocol, paper, setting, method = parts[:4]
-                return RunKey(paper, protocol, setting, method, int(parts[4][4:]))
+                folder, paper, setting, method = parts[:4]
+                protocol, numerics = split_folder(folder)
+                return RunKey(paper, protocol, setting, method, int(parts[4][4:]), numerics)
     return None
 
 

@@ -54,18 +54,20 @@ def device_info(device) -> dict:
 
 
 def run_variant(run: dict, *, precision: str, dataset_options: dict, split_file: dict, class_texts: list[str]) -> dict:
-    """Which variant of the data and arithmetic a run used, the same record for every paper: the precision it
-    computed in (resolved on its hardware), that of its frozen CLIP encoder (None without one), whether
-    large JPEGs were DCT-scaled, the dataset and its
+    """Which variant of the data and arithmetic a run used, the same record for every paper: its numerics (authors |
+    fast), the precision it computed in (resolved on its hardware), that of its frozen CLIP encoder (None without
+    one), whether large JPEGs were DCT-scaled, whose pixel pipeline its images went through, the dataset and its
     declaration's options (e.g. de-duplicated sources or not), the split (id, spec and seed), and the class
     texts its prompts said (a CLIP method's classifier; the SHA-256 of their JSON list, and the texts)."""
     from .models.encoders import frozen_encoder_precision
 
     texts = list(class_texts)
     return {
+        "numerics": run.get("numerics"),
         "precision": precision,
         "encoder_precision": frozen_encoder_precision(run["train"]["model"]),
         "jpeg_draft": run.get("jpeg_draft"),
+        "pixels": run["train"]["model"].get("pixels"),
         "dataset": {"name": run["dataset"], "options": dict(dataset_options)},
         "split": {"id": run.get("split_id"), "spec": split_file.get("spec"), "seed": split_file.get("seed")},
         "class_texts": {"sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest(), "texts": texts},
@@ -81,7 +83,8 @@ def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, ti
     workers, where per-client state was kept, the memory estimate). ``variant``: :func:`run_variant`. ``plugins``:
     what the run uses that plug-ins registered, and their versions (:func:`fedrepro.registry.run_plugins`)."""
     return {
-        "run": {k: run[k] for k in ("paper", "setting", "method", "seed", "protocol", "config_hash")},
+        "run": {**{k: run[k] for k in ("paper", "setting", "method", "seed", "protocol")},
+                "numerics": run.get("numerics"), "config_hash": run["config_hash"]},
         "variant": variant or {},
         "test_data": test_data,
         "seeds": {"run": run["seed"], "split": input_hashes.get("split_seed"),

@@ -257,6 +257,18 @@ def register_method(name: str, params: dict | None = None, *, inputs: tuple[str,
     return METHODS.register(name, schema=object_schema(params), inputs=tuple(inputs), tasks=tuple(tasks))
 
 
+# every family's train.model: whose pixel pipeline its images go through (set from the run's numerics,
+# fedrepro.config.resolve; for a family on cached features, the frozen encoder's preprocessing)
+PIXELS_SCHEMA = {
+    "description": "authors = the authors' pixel pipeline: the decode-once cache keeps what their first transform sees "
+                   "(the full-resolution image where they crop from it at random, read from the original files), "
+                   "resizes with their library and interpolation; fast = random crops from a cache at twice the crop "
+                   "size, PIL resizes (fedrepro.data.decode). Set from the run's numerics.",
+    "enum": ["authors", "fast"],
+    "default": "authors",
+}
+
+
 def register_model(name: str, *, input: str, params: dict | None = None, decode: Callable | None = None,
                    weights: Callable | None = None) -> Callable:
     """A model family (a :class:`fedrepro.models.families.ModelFamily`).
@@ -270,7 +282,7 @@ def register_model(name: str, *, input: str, params: dict | None = None, decode:
     """
     if input not in INPUTS:
         raise ValueError(f"model family {name!r}: input must be one of {list(INPUTS)}, not {input!r}")
-    schema = object_schema({"family": {"const": name}, **(params or {})}, required=("family",))
+    schema = object_schema({"family": {"const": name}, "pixels": PIXELS_SCHEMA, **(params or {})}, required=("family",))
     return MODELS.register(name, schema=schema, input=input, decode=decode, weights=weights)
 
 

@@ -112,15 +112,16 @@ def load_federation(run: dict, split_file: dict | None = None):
         raise InputMismatch(f"{paths['manifest']} has no column(s) {missing}, which model family "
                             f"{run['train']['model']['family']!r} needs; columns: {list(manifest.columns)}")
     train_transform, eval_transform = family.train_transform(), family.eval_transform()
+    pixels = run["train"]["model"].get("pixels", "authors")
     caches = {}
     for part, transform in (("train", train_transform), ("eval", eval_transform)):
         if (paths.get("images") or {}).get(part):
-            needed = replace(spec_of(transform), draft=run["jpeg_draft"])
+            needed = replace(spec_of(transform, pixels), draft=run["jpeg_draft"])
             caches[part] = ImageCache(paths["images"][part], manifest_sha, needed)
             hashes[f"images_{part}"] = {"file": paths["images"][part], "spec": needed.key}
     fed = build_image_federation(split, run["protocol"], manifest, paths["raw_dir"], class_names,
                                  train_transform, eval_transform, family.extra_columns, caches, run["jpeg_draft"],
-                                 allow_test, classes)
+                                 allow_test, classes, pixels)
     return fed, hashes
 
 
@@ -159,7 +160,8 @@ def summarise(history, run: dict, participants: int) -> dict:
     comm_cols = ["down_params", "up_params", "down_bytes", "up_bytes"]
     per_round = {c: float(history[c].mean()) for c in comm_cols} if rounds else {}
     return {
-        "run": {k: run[k] for k in ("paper", "setting", "method", "seed", "protocol", "config_hash")},
+        "run": {**{k: run[k] for k in ("paper", "setting", "method", "seed", "protocol")},
+                "numerics": run.get("numerics"), "config_hash": run["config_hash"]},
         "rounds": rounds,
         "selection": info[chosen] | {"rule": info[chosen].get("rule", chosen), "requested": sel["rule"]},
         "eval": by_rule[chosen],

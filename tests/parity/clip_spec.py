@@ -11,6 +11,12 @@ both repositories), written from their description - never from fedrepro's metho
 - Optimiser: Adam(lr, betas, eps, weight_decay), one per client, created once and kept across rounds.
 - Aggregation: sum_i w_i theta_i of every floating-point state entry (BatchNorm running statistics
   included), w = FACMIC: len(drop_last loader) x B = (n_i // B) x B, normalised; FAA-CLIP: 1/3 each.
+- The full fine-tuning baselines' numbers (``fp16=True`` below): the CLIP ``clip.load`` gives on a GPU, in pure
+  fp16 with fp32 LayerNorm (openai/CLIP ``clip/model.py::convert_weights``, ``LayerNorm``; ``encode_image`` casts
+  the images to fp16), every weight and gradient cast to fp32 right before ``optimizer.step()`` and the fp16 ones
+  back right after it (``utils/clip_util.py::convert_models_to_fp32``, ``clip.model.convert_weights`` in
+  ``utils/training.py::train``), and the average summed in fp32 from fp16 terms, copied into the fp16 weights
+  (``utils/aggregation.py::communication``: ``temp = zeros_like(..., float32); temp += w * state; copy_(temp)``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import copy
 
 import torch
 import torch.nn.functional as F
+
+from .harness import TOLERANCE
 
 TEST_SCALE = 100.0     # utils/clip_util.get_similarity
 
@@ -78,6 +86,51 @@ def facmic_weights(fed, batch_size: int) -> list[float]:
     return [float(len(c.train) // batch_size * batch_size) for c in fed.clients]
 
 
+# ---- the authors' fp16 CLIP (written independently of fedrepro.device) ----------------------------
+
+def authors_convert_weights(model: torch.nn.Module) -> None:
+    """openai/CLIP ``clip/model.py::convert_weights`` (called by ``clip.load`` on a GPU and, in FACMIC's and
+    FAA-CLIP's ``utils/training.py::train``, after every optimizer step of FedAVG, FedProx, MOON, FedFocal):
+    .half() on the weight and bias of Conv1d/Conv2d/Linear, the in/q/k/v projections and biases of
+    MultiheadAttention, and the ``text_projection`` / ``proj`` attributes."""
+    for module in model.modules():
+        names = []
+        if isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Linear)):
+            names = ["weight", "bias"]
+        if isinstance(module, torch.nn.MultiheadAttention):
+            names = ["in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v"]
+        for name in names + ["text_projection", "proj"]:
+            tensor = getattr(module, name, None)
+            if isinstance(tensor, torch.Tensor):
+                tensor.data = tensor.data.half()
+
+
+class AuthorsLayerNorm(torch.nn.LayerNorm):
+    """openai/CLIP ``clip/model.py::LayerNorm``: normalises in fp32 whatever the input's dtype, returns that dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float()).to(x.dtype)
+
+
+def authors_fp16_clip(model: torch.nn.Module) -> torch.nn.Module:
+    """The model ``clip.load(name, device="cuda")`` returns: OpenAI's LayerNorm in every norm, then
+    :func:`authors_convert_weights`."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.__class__ = AuthorsLayerNorm
+    authors_convert_weights(model)
+    return model
+
+
+def authors_convert_models_to_fp32(model: torch.nn.Module) -> None:
+    """AIPMLab/FACMIC (and FAA-CLIP) ``utils/clip_util.py::convert_models_to_fp32``: every parameter and its
+    gradient cast to fp32 in place, right before ``optimizer.step()``."""
+    for p in model.parameters():
+        p.data = p.data.float()
+        if p.grad is not None:
+            p.grad.data = p.grad.data.float()
+
+
 def faa_weights(fed) -> list[float]:
     """FAA-CLIP main.py: 1 / (number of training clients) each."""
     return [1.0 / len(fed.clients)] * len(fed.clients)
@@ -91,6 +144,20 @@ def average(states: list[dict], weights: list[float], keys=None) -> dict[str, to
     return {k: torch.tensordot(w, torch.stack([s[k].double() for s in states]), dims=1) for k in keys}
 
 
+def fp16_average(states: list[dict], weights: list[float], keys=None) -> dict[str, torch.Tensor]:
+    """utils/aggregation.communication on the fp16 CLIP: per entry ``temp = zeros_like(entry, float32)``, then
+    ``temp += w_i * entry_i`` (a Python float times an fp16 tensor: an fp16 product, added in fp32)."""
+    total = sum(weights)
+    keys = [k for k in (keys or states[0]) if states[0][k].is_floating_point()]
+    out = {}
+    for k in keys:
+        temp = torch.zeros_like(states[0][k], dtype=torch.float32)
+        for w, state in zip(weights, states):
+            temp += (w / total) * state[k]
+        out[k] = temp
+    return out
+
+
 def class_tokens(run: dict, class_names: list[str]) -> torch.Tensor:
     """The tokenised prompt of every class, "a picture of a {class}" (the model's tokenizer: plumbing)."""
     from fedrepro.models.clip_tuning import frozen_clip
@@ -100,7 +167,8 @@ def class_tokens(run: dict, class_names: list[str]) -> torch.Tensor:
 
 
 def code_rounds(run: dict, fed, server: torch.nn.Module, step_loss, *, rounds: int, weights: list[float],
-                keys=None, anchor: str = "live", previous: str = "copy", gate: bool = False, targets=None):
+                keys=None, anchor: str = "live", previous: str = "copy", gate: bool = False, targets=None,
+                fp16: bool = False):
     """main.py's loop, for ``rounds`` rounds -> (server model, {client: its model after the last
     communication: the averaged entries plus what it keeps to itself}).
 
@@ -119,12 +187,18 @@ def code_rounds(run: dict, fed, server: torch.nn.Module, step_loss, *, rounds: i
     ``"copy"``: deep copies taken before each aggregation, i.e. each client's model at the end of its
     previous round (the initial model before that; FAA-CLIP, and MOON as published). The server and the
     copies are in eval mode, as in the code (``test()`` leaves them there).
+
+    ``fp16``: the full fine-tuning baselines' numbers (see the module docstring): the server is the authors'
+    fp16 CLIP, every batch's images go in as fp16, each step is wrapped in the code's casts, and the average is
+    taken as ``communication`` takes it.
     """
     from types import SimpleNamespace
 
     from .harness import client_batches, seed_client
 
     server = copy.deepcopy(server).eval()       # the code's server only ever evaluates (ClipModelat.eval(), test())
+    if fp16:
+        authors_fp16_clip(server)
     models = {c.name: copy.deepcopy(server).train() for c in fed.clients}
     optimizers = {name: adam(m.parameters(), run["train"]["optimizer"]) for name, m in models.items()}
     server_pre = server if anchor == "live" else copy.deepcopy(server)
@@ -137,16 +211,22 @@ def code_rounds(run: dict, fed, server: torch.nn.Module, step_loss, *, rounds: i
                                   targets=targets(client, rnd) if targets else None)
             seed_client(run, rnd, client)
             for batch in client_batches(run, client, rnd):
+                if fp16:          # encode_image: image.type(self.dtype)
+                    batch = {**batch, "x": batch["x"].half()}
                 loss = step_loss(model, batch, ctx)
                 optimizer.zero_grad()
                 loss.backward()
+                if fp16:
+                    authors_convert_models_to_fp32(model)
                 optimizer.step()
+                if fp16:
+                    authors_convert_weights(model)
             step += 1
         if anchor == "copy":
             server_pre = copy.deepcopy(server)
         if previous == "copy":     # FAA-CLIP tests each client model right after training: eval mode
             previous_nets = {name: copy.deepcopy(m).eval() for name, m in models.items()}
-        averaged = average([m.state_dict() for m in models.values()], weights, keys)
+        averaged = (fp16_average if fp16 else average)([m.state_dict() for m in models.values()], weights, keys)
         with torch.no_grad():
             for module in (server, *models.values()):
                 state = module.state_dict()
@@ -159,13 +239,16 @@ CLASSES = ["glioma", "meningioma", "none", "pituitary"]
 
 
 def check_full_clip(tmp_path, paper: str, method: str, step_loss, *, protocol: str | None = None, rounds: int = 1,
-                    steps: int = 2, clients=None, keys=None, predict_scale=None, **loop) -> None:
+                    steps: int = 2, clients=None, keys=None, predict_scale=None, precision: str = "fp32",
+                    tol: float | None = None, **loop) -> None:
     """Drive ``method`` of ``paper`` (a CLIP baseline trained on images) through the engine on the tiny CLIP
     and four-class images, run :func:`code_rounds` with ``step_loss(tokens)`` from the same start, and
     compare the server after ``rounds`` rounds and the probabilities of every eval set (softmax of
     ``predict_scale(server)`` x cos, default the code's fixed 100). The aggregation weights are the paper's
     code's, over ``keys(model)`` (default: every entry); ``clients(fed)`` replaces the participants
-    (Centralized's pooled site); ``loop`` passes ``anchor``, ``previous`` and ``gate``."""
+    (Centralized's pooled site); ``loop`` passes ``anchor``, ``previous`` and ``gate``. ``precision:
+    fp16_weights``: the engine computes as the authors' numerics' run does and the specification as the authors'
+    fp16 CLIP (:func:`code_rounds` with ``fp16``), compared to ``tol`` (default the harness's)."""
     from types import SimpleNamespace
 
     from .harness import (
@@ -181,19 +264,23 @@ def check_full_clip(tmp_path, paper: str, method: str, step_loss, *, protocol: s
 
     run = paper_run(paper, method, protocol=protocol, train={"rounds": rounds, "local": {"steps": steps}, "batch_size": 4})
     fed = image_federation(size=64, classes=4, sizes=(6, 8, 10), class_names=CLASSES)
-    start = initial_server(run, fed)
+    start = initial_server(run, fed)          # fp32: the harness pins it
+    run["train"]["precision"] = precision
     driven = drive(run, fed, tmp_path)
 
+    fp16 = precision == "fp16_weights"
     tokens = class_tokens(run, CLASSES)
     sites = SimpleNamespace(clients=clients(fed)) if clients else fed
     weights = facmic_weights(sites, 4) if paper == "facmic" else faa_weights(sites)
     server, _ = code_rounds(run, sites, start, step_loss(tokens), rounds=rounds, weights=weights,
-                            keys=keys(start) if keys else None, **loop)
-    what = f"{paper} {method} ({driven.method.ctx.run['protocol']})"
-    assert_close(driven.method.server.state_dict(), server.state_dict(), f"{what}: server after {rounds} round(s)")
+                            keys=keys(start) if keys else None, fp16=fp16, **loop)
+    what = f"{paper} {method} ({driven.method.ctx.run['protocol']}, {precision})"
+    tol = TOLERANCE if tol is None else tol
+    assert_close(driven.method.server.state_dict(), server.state_dict(), f"{what}: server after {rounds} round(s)", tol)
     scale = predict_scale(server) if predict_scale else TEST_SCALE
-    assert_probs(driven, {key: clip_predict_probs(server, tokens, stacked(data)[0], scale)
-                          for key, data in eval_sets(fed).items()}, what)
+    images = {key: stacked(data)[0] for key, data in eval_sets(fed).items()}
+    assert_probs(driven, {key: clip_predict_probs(server, tokens, x.half() if fp16 else x, scale)
+                          for key, x in images.items()}, what, tol=tol)
 
 
 FEATURE_SIZES = (10, 13, 18)     # with B = 4: full batches 8, 12, 16 - FACMIC's weights differ from n_i

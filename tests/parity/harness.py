@@ -237,10 +237,11 @@ def stacked(dataset) -> tuple[torch.Tensor, torch.Tensor]:
     return dataset.images, torch.as_tensor(dataset.labels)
 
 
-def assert_probs(driven: "Driven", expected: dict[str, torch.Tensor], what: str, rule: str = "last") -> None:
+def assert_probs(driven: "Driven", expected: dict[str, torch.Tensor], what: str, rule: str = "last",
+                 tol: float = TOLERANCE) -> None:
     """The engine's evaluated probabilities agree with the specification's on every eval key given."""
     for key, probs in expected.items():
-        assert_close(driven.probs(key, rule), probs, f"{what}: probabilities on {key}")
+        assert_close(driven.probs(key, rule), probs, f"{what}: probabilities on {key}", tol)
 
 
 def assert_close(actual, expected, what: str, tol: float = TOLERANCE) -> None:

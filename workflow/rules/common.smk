@@ -47,7 +47,7 @@ envvars:
 RAW = PROJECT.config["data"]["raw_dir"]
 RUNS = {key.path: key for key in PROJECT.plan.runs()}
 SPLITS = PROJECT.plan.splits()
-FEATURES = {f"{dataset}/{key}": job for (dataset, key), job in PROJECT.plan.features().items()}   # {encoder, jpeg_draft}
+FEATURES = {f"{dataset}/{key}": job for (dataset, key), job in PROJECT.plan.features().items()}   # {encoder, jpeg_draft, pixels}
 DOWNSTREAM = PROJECT.plan.downstream_jobs()
 CONFIG_JSON = json.dumps(PROJECT.config, sort_keys=True)
 # the config files Snakemake was given (none: config/config.yaml), as report jobs pass them on (--configfiles): a
@@ -60,13 +60,13 @@ ENV = "../../envs/fedrepro.yaml"
 wildcard_constraints:
     dataset=r"[A-Za-z0-9_]+",
     seed=r"\d+",
-    protocol=r"clean|paper",
+    protocol=r"(clean|paper)(-fast)?",     # a run's folder: its protocol, -<numerics> unless the authors' (paths.RunKey)
     paper=r"[a-z][a-z0-9_]*",
     setting=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     method=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     task=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     figure=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
-    spec=r"(shorter|longer|square)\d+-[a-z]+(-full)?|original",
+    spec=r"(shorter|longer|square)\d+-[a-z]+(-cv2)?(-native)?(-full)?|original",
     weights=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
 
 
@@ -196,12 +196,14 @@ def train_inputs(wildcards):
     inputs = {"manifest": run["paths"]["manifest"], "split": run["paths"]["split"]}
     if run["paths"]["features"]:
         inputs["features"] = run["paths"]["features"]
-    elif run["paths"]["images"]:  # decode-once caches: the job never opens an original image
-        for part, pixels in run["paths"]["images"].items():
+    else:
+        # decode-once caches; a pipeline without one (the authors' full-resolution crops) reads the original files
+        caches = run["paths"]["images"] or {}
+        for part, pixels in caches.items():
             inputs[f"images_{part}"] = pixels
             inputs[f"images_{part}_index"] = paths.image_cache_index(pixels)
-    else:
-        inputs["raw"] = paths.raw_marker(run["dataset"], RAW)
+        if len(caches) < 2:
+            inputs["raw"] = paths.raw_marker(run["dataset"], RAW)
     weights = weights_inputs(weight_specs(run["train"]["model"]))
     if weights:
         inputs["weights"] = weights

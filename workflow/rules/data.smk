@@ -126,6 +126,7 @@ rule features:
         encoder=lambda wc: json.dumps(FEATURES[f"{wc.dataset}/{wc.key}"]["encoder"], sort_keys=True),
         device=PROJECT.config["device"],
         draft=lambda wc: str(FEATURES[f"{wc.dataset}/{wc.key}"]["jpeg_draft"]).lower(),
+        pixels=lambda wc: FEATURES[f"{wc.dataset}/{wc.key}"]["pixels"],
         class_texts=lambda wc: json.dumps(class_texts(wc.dataset)),   # what the prompts say: a change reruns the job
     threads: 8
     resources:
@@ -143,4 +144,4 @@ rule features:
         "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDREPRO_CPUS={threads}; "
         "fedrepro --log {log} features --dataset {wildcards.dataset} --manifest {input.manifest} --raw-dir {params.raw} "
         "--encoder {params.encoder:q} --device {params.device} --workers auto --jpeg-draft {params.draft} "
-        "--out {output.features}"
+        "--pixels {params.pixels} --out {output.features}"

@@ -89,6 +89,7 @@ class Checks:
             for s in table.get("settings", []):
                 check_choice(s, paper["settings"], f"{where}: tables/{table_name}/settings")
             check_table_names(paper, table, f"{where}: tables/{table_name}")
+            self.protocol_comparison(paper["paper"], table_name, f"{where}: tables/{table_name}")
             for protocol in PROTOCOLS:
                 for cell in self.resolver.resolved_cells(paper["paper"], table_name, protocol):
                     self.cell(paper, cell, f"{where}: tables/{table_name}/{cell['where']}")
@@ -105,6 +106,37 @@ class Checks:
             for t in fig.get("tables", []):
                 check_choice(t, paper.get("tables", {}), f"{where}: figures/{fig_name}/tables")
             self.figure_names(paper, fig_name, f"{where}: figures/{fig_name}")
+
+    def protocol_comparison(self, paper: str, table: str, where: str) -> None:
+        """A table whose rows or columns put runs of both protocols side by side compares them with equal numerics:
+        a difference between a clean and a paper cell must come from what the protocol changes (the leak, the
+        authors' bugs), not from precision, JPEG decoding or the pixel pipeline. Refused here, naming the cells."""
+        for protocol in PROTOCOLS:
+            cells = self.resolver.resolved_cells(paper, table, protocol)
+            for axis in ("row", "column"):
+                for name in dict.fromkeys(c[axis] for c in cells):
+                    line = [c for c in cells if c[axis] == name and not c["task"]]
+                    if len({c["protocol"] for c in line}) < 2:
+                        continue
+                    computed = {c["where"]: self.numerics_of(paper, c) for c in line}
+                    if len(set(map(_frozen, computed.values()))) > 1:
+                        shown = "; ".join(f"{w} (protocol {c['protocol']}): {describe_numerics(computed[w])}"
+                                          for w, c in zip(computed, line))
+                        raise ConfigError(
+                            f"{where}: {name} compares the clean and the paper protocol, but its cells compute "
+                            f"differently: {shown}. A protocol comparison must differ only in what the protocol "
+                            f"changes: give these runs the same numerics (one `numerics` for both; no precision or "
+                            f"pixels in a protocols: {{<protocol>: {{train: ...}}}} block; README \"Numerics\")")
+
+    def numerics_of(self, paper: str, cell: dict) -> dict:
+        """How the run of a table cell computes: its precision (and its frozen encoder's), JPEG decoding and pixels."""
+        from ..models.encoders import frozen_encoder_precision
+
+        train = self.resolver.train_config(paper, cell["setting"], cell["method"], cell["protocol"])
+        return {"numerics": cell["numerics"], "precision": train["precision"],
+                "frozen encoder": frozen_encoder_precision(train["model"]),
+                "JPEG decoding": "DCT-scaled" if self.resolver.jpeg_draft(cell["numerics"]) else "full",
+                "pixels": train["model"].get("pixels")}
 
     def selection(self, train: dict, where: str) -> None:
         """A run's ``selection.metric`` is a metric its task reports: best_val ranks rounds on its validation
@@ -227,6 +259,14 @@ class Checks:
             asks.append("its domain-adaptation target would be the global test set (the split has no "
                         "reference_fraction)")
         return asks
+
+
+def _frozen(numerics: dict) -> tuple:
+    return tuple(sorted(numerics.items()))
+
+
+def describe_numerics(numerics: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in numerics.items() if v is not None)
 
 
 def check_project(loaded: LoadedConfig, resolver: Resolver, plan: Plan) -> None:

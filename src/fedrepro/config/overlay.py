@@ -52,6 +52,11 @@ class Overlay:
         rows = [m for m in variants if not only or m in only]
         methods = {m: deep_merge(self.base["methods"][m], {k: v for k, v in self.spec["methods"].get(m, {}).items()
                                                           if k != "train"}) for m in rows}
+        if self.spec["models"]:
+            # the base's authors_numerics name the precision of the authors' models (OpenAI's fp16 CLIP); the
+            # stand-in models the overlay swaps in compute in fp32 (their pixel pipelines still follow the numerics)
+            for variant in methods.values():
+                variant.pop("authors_numerics", None)
         table = {"title": f"Every method variant of {self.spec['base']} on the evidence data "
                           f"({self.spec['table']['metric']}, {self.spec['table']['eval']}, %)",
                  "metric": self.spec["table"]["metric"], "eval": self.spec["table"]["eval"],
@@ -60,8 +65,10 @@ class Overlay:
                  "note": f"Scaled-down runs of the full grid's variants ({self.where}); not comparable to the paper."}
         paper = {"paper": self.spec["paper"], "title": self.spec["title"], "defaults": self.base["defaults"],
                  "settings": self.settings(), "methods": methods, "tables": {"evidence": table}}
-        for key in ("notes", "stand_in", "protocols"):
-            source = self.base if key == "protocols" else self.spec
+        for key in ("notes", "stand_in", "protocols", "authors_numerics"):
+            if key == "authors_numerics" and self.spec["models"]:
+                continue
+            source = self.base if key in ("protocols", "authors_numerics") else self.spec
             if key in source:
                 paper[key] = source[key]
         return paper

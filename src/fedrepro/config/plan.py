@@ -67,17 +67,18 @@ class Plan:
         return list(needed)
 
     def table_runs(self, paper: str, table: str, protocol: str) -> list[RunKey]:
-        cells = dict.fromkeys((c["protocol"], c["setting"], c["method"]) for c in self.resolver.resolved_cells(paper, table, protocol))
-        return [RunKey(paper, p, s, m, seed) for p, s, m in cells for seed in self.seeds]
+        cells = dict.fromkeys((c["protocol"], c["setting"], c["method"], c["numerics"])
+                              for c in self.resolver.resolved_cells(paper, table, protocol))
+        return [RunKey(paper, p, s, m, seed, n) for p, s, m, n in cells for seed in self.seeds]
 
     def table_downstream(self, paper: str, table: str, protocol: str) -> list[tuple[RunKey, str]]:
-        cells = dict.fromkeys((c["protocol"], c["setting"], c["method"], c["task"])
+        cells = dict.fromkeys((c["protocol"], c["setting"], c["method"], c["numerics"], c["task"])
                               for c in self.resolver.resolved_cells(paper, table, protocol) if c["task"])
-        return [(RunKey(paper, p, s, m, seed), t) for p, s, m, t in cells for seed in self.seeds]
+        return [(RunKey(paper, p, s, m, seed, n), t) for p, s, m, n, t in cells for seed in self.seeds]
 
     def figure_runs(self, paper: str, figure: str, protocol: str) -> list[RunKey]:
         fig = self.papers[paper]["figures"][figure]
-        return [RunKey(paper, self.resolver.protocol(paper, s, protocol), s, m, seed)
+        return [self.resolver.run_key(paper, s, m, seed, protocol)
                 for s in fig.get("settings", []) for m in fig.get("methods", []) for seed in self.seeds]
 
     def count_settings(self, paper: str, kind: str, name: str) -> list[str]:
@@ -105,13 +106,15 @@ class Plan:
         return out
 
     def features(self) -> dict[tuple[str, str], dict]:
-        """(dataset, features key) -> {"encoder": spec, "jpeg_draft": bool}, for every feature cache some run needs."""
+        """(dataset, features key) -> {"encoder": spec, "jpeg_draft": bool, "pixels": pipeline}, for every feature cache
+        some run needs."""
         out = {}
         for key in self.runs():
             run = self.resolver.run_config(key)
             if run["features"]:
                 out[(run["dataset"], run["features"]["key"])] = {"encoder": run["features"]["encoder"],
-                                                                 "jpeg_draft": run["jpeg_draft"]}
+                                                                 "jpeg_draft": run["jpeg_draft"],
+                                                                 "pixels": run["train"]["model"]["pixels"]}
         return out
 
     def weights(self) -> dict:

@@ -3,9 +3,22 @@ flat, fully explicit config of one job, with every default filled in. Its canoni
 in the provenance manifest and a Snakemake ``params`` value, so editing any hyper-parameter reruns exactly the runs it
 affects.
 
-The train block of a run = the paper's ``defaults`` <- its ``protocols.<protocol>.train`` <- the setting's ``train``
-<- the method variant's ``train`` <- the variant's override for the protocol (deep merge), an overlay's scale, then the
-schema defaults."""
+The train block of a run = the paper's ``defaults`` <- (under the authors' numerics) its ``authors_numerics.train`` <-
+its ``protocols.<protocol>.train`` <- the setting's ``train`` <- the method variant's ``train`` <- (authors' numerics)
+the variant's ``authors_numerics.train`` <- the variant's override for the protocol (deep merge), an overlay's scale,
+then what the numerics leave open (precision, the pixel pipeline) and the schema defaults.
+
+Numerics are not a protocol: how a run computes (precision, JPEG decoding, the pixel pipeline) is its own choice,
+``numerics`` (the config's, overridden by the paper file, a setting or a method variant), the same under both
+protocols by default, so that a clean and a paper run differ only in what the protocol changes:
+
+- ``authors`` (the default): as the authors' code computes. fp32, or the authors' own precision where the paper file
+  says so (``authors_numerics``: e.g. the fp16 CLIP of FACMIC's and FAA-CLIP's code); JPEGs decoded in full; every
+  pipeline's pixels as the authors' transform makes them (``model.pixels: authors``: the decode-once cache keeps what
+  their first transform sees, resizes with their library and interpolation; fedrepro.data.decode).
+- ``fast``: bf16 autocast on a GPU that supports it (``precision: auto``), large JPEGs decoded with DCT scaling, random
+  crops from a decode-once cache at twice the crop size and PIL resizes (``model.pixels: fast``). Its runs live in
+  ``results/runs/<protocol>-fast/...`` (fedrepro.paths.RunKey)."""
 
 from __future__ import annotations
 
@@ -16,16 +29,16 @@ from typing import TYPE_CHECKING
 
 from .. import paths
 from ..io import hash_obj
-from ..paths import RunKey
+from ..paths import DEFAULT_NUMERICS, RunKey
 from ..registry import check_name
 from .files import ConfigError, check_choice, deep_merge, input_kind, load_schema, model_schema, validate
 
 if TYPE_CHECKING:
     from .loaded import LoadedConfig
 
-# the paper protocol computes as the authors did: fp32 unless a paper file names the authors' own precision
-# for a method (protocols: {paper: {train: {precision: ...}}}, e.g. FACMIC's and FAA-CLIP's fp16_weights)
-PAPER_PRECISION = "fp32"
+# what each numerics choice sets where a train block leaves it open: the authors' precision is fp32 unless the paper
+# file names their own (authors_numerics: {train: {precision: ...}}, e.g. FACMIC's and FAA-CLIP's fp16_weights)
+NUMERICS_PRECISION = {"authors": "fp32", "fast": "auto"}
 
 
 class Resolver:
@@ -59,9 +72,19 @@ class Resolver:
 
     def run_key(self, paper: str, setting: str, method: str, seed: int, protocol: str | None = None) -> RunKey:
         """The run of (paper, setting, method, seed) under ``protocol`` (default: the first configured),
-        or under the protocol its setting pins."""
+        or under the protocol its setting pins, with its numerics."""
         self.check_names(paper, setting=setting, method=method)
-        return RunKey(paper, self.protocol(paper, setting, protocol or self.protocols[0]), setting, method, seed)
+        return RunKey(paper, self.protocol(paper, setting, protocol or self.protocols[0]), setting, method, seed,
+                      self.numerics(paper, setting, method))
+
+    def numerics(self, paper: str, setting: str, method: str) -> str:
+        """How runs of (paper, setting, method) compute: ``authors`` or ``fast``, the most specific of the method
+        variant's, the setting's, the paper file's and the config's ``numerics`` (the same under both protocols)."""
+        p = self.papers[paper]
+        for scope in (p["methods"][method], p["settings"][setting], p):
+            if "numerics" in scope:
+                return scope["numerics"]
+        return self.config.get("numerics", DEFAULT_NUMERICS)
 
     def protocol(self, paper: str, setting: str, protocol: str) -> str:
         """The protocol a run of ``setting`` uses when a table or figure is built for ``protocol``: the
@@ -90,16 +113,22 @@ class Resolver:
         return copy.deepcopy(self._train_configs[key])
 
     def _resolve_train_config(self, paper: str, setting: str, method: str, protocol: str) -> dict:
-        p = self.papers[paper]
-        # the paper's defaults for this protocol (protocols: {paper: {train: ...}}), then the setting's and the method's
-        train = deep_merge(p["defaults"], p.get("protocols", {}).get(protocol, {}).get("train"))
-        train = deep_merge(deep_merge(train, p["settings"][setting].get("train")), p["methods"][method].get("train"))
+        p, variant = self.papers[paper], self.papers[paper]["methods"][method]
+        numerics = self.numerics(paper, setting, method)
+        authors = numerics == "authors"
+        # the paper's defaults, what the authors' numerics add to them, what they change under this protocol
+        # (protocols: {paper: {train: ...}}), then the setting's and the method's
+        train = deep_merge(p["defaults"], p.get("authors_numerics", {}).get("train") if authors else None)
+        train = deep_merge(train, p.get("protocols", {}).get(protocol, {}).get("train"))
+        train = deep_merge(deep_merge(train, p["settings"][setting].get("train")), variant.get("train"))
+        train = deep_merge(train, variant.get("authors_numerics", {}).get("train") if authors else None)
         train = deep_merge(train, self.protocol_override(paper, method, protocol).get("train"))
         if paper in self.overlays:      # (an extension's twin of a variant gets what the overlay gives that variant)
             extension = self.loaded.extension
             train = self.overlays[paper].apply_train(train, extension.baseline_of(paper, method) if extension else method)
-        if protocol == "paper":
-            train.setdefault("precision", PAPER_PRECISION)
+        train.setdefault("precision", NUMERICS_PRECISION[numerics])
+        if isinstance(train.get("model"), dict):
+            train["model"].setdefault("pixels", numerics)
         where = f"{paper}: settings/{setting} x methods/{method}: train"
         missing = [k for k in ("rounds", "batch_size", "model", "optimizer") if k not in train]
         if missing:
@@ -142,11 +171,11 @@ class Resolver:
         cut = "".join(f"{mark}{spec[key]}" for key, mark in (("partition_seed", "p"), ("client_seed", "c")) if key in spec)
         return f"{dataset}-{spec['kind']}{alpha}{clients}-s{split_seed}{cut}-{hash_obj([dataset, spec], 6)}"
 
-    def jpeg_draft(self, protocol: str) -> bool:
-        """Whether runs of ``protocol`` decode large JPEGs with DCT scaling (``data.jpeg_draft``; auto = not
-        under the paper protocol, whose pixels are the authors')."""
+    def jpeg_draft(self, numerics: str) -> bool:
+        """Whether runs of ``numerics`` decode large JPEGs with DCT scaling (``data.jpeg_draft``; auto = under the
+        fast numerics only: the authors' code decodes every JPEG in full)."""
         setting = self.config["data"]["jpeg_draft"]
-        return protocol != "paper" if setting == "auto" else bool(setting)
+        return numerics == "fast" if setting == "auto" else bool(setting)
 
     def features_key(self, model: dict, draft: bool) -> str | None:
         if input_kind(model["family"]) != "features":
@@ -157,7 +186,10 @@ class Resolver:
         full = "" if draft else "-full"   # images decoded without JPEG DCT scaling
         # the encoder's precision, where it is not fp32 (the hash holds it too; an fp32 spec's key is as before)
         half = "-fp16w" if enc.get("precision", "fp32") == "fp16_weights" else ""
-        return f"{enc['name']}-{tag}-{enc['preprocess']}{size}{full}{half}-{hash_obj(enc, 6)}"
+        # the authors' pixel pipeline is in the hash; the fast one's key is the key caches had before it was a choice
+        pixels = model.get("pixels", DEFAULT_NUMERICS)
+        identity = enc if pixels == "fast" else {**enc, "pixels": pixels}
+        return f"{enc['name']}-{tag}-{enc['preprocess']}{size}{full}{half}-{hash_obj(identity, 6)}"
 
     def image_cache_paths(self, dataset: str, model: dict, draft: bool) -> dict[str, str] | None:
         """{"train": file, "eval": file} of the decode-once image caches an image run reads (None for
@@ -167,7 +199,10 @@ class Resolver:
         from ..models.decoding import decode_specs
 
         specs = decode_specs(model, draft=draft)
-        return {part: paths.image_cache(dataset, spec.key) for part, spec in specs.items()}
+        # a pipeline that needs the full-resolution image (the authors' random crops, a resize of float tensors)
+        # reads the original files every epoch, as the authors' code does: a cache would be the dataset decoded in
+        # full (ISIC 2019: ~60 GB)
+        return {part: paths.image_cache(dataset, spec.key) for part, spec in specs.items() if spec.size is not None}
 
     def run_config(self, key: RunKey) -> dict:
         """The complete, explicit configuration of one training job (resolved once, copied out)."""
@@ -180,7 +215,10 @@ class Resolver:
         setting = self.setting(key.paper, key.setting, key.protocol)
         variant = paper["methods"][key.method]
         train = self.train_config(key.paper, key.setting, key.method, key.protocol)
-        draft = self.jpeg_draft(key.protocol)
+        numerics = self.numerics(key.paper, key.setting, key.method)
+        if key.numerics != numerics:
+            raise ConfigError(f"run {key.path}: its configuration computes with the {numerics} numerics, not {key.numerics}")
+        draft = self.jpeg_draft(numerics)
         features_key = self.features_key(train["model"], draft)
         split_id = self.split_id(key.paper, key.setting, key.seed, key.protocol)
         run = {
@@ -208,6 +246,7 @@ class Resolver:
             "deterministic": self.config["deterministic"],
             "threads": self.config["threads"],
             "corrupt_images": self.config["data"]["corrupt_images"],
+            "numerics": numerics,
             "jpeg_draft": draft,
         }
         run["config_hash"] = hash_obj(run)
@@ -255,8 +294,10 @@ class Resolver:
                 cell = resolve_cell(spec, row, col)
                 if cell is not None:
                     cell["protocol"] = self.protocol(paper, cell["setting"], cell["protocol"] or protocol)
+                    cell["numerics"] = self.numerics(paper, cell["setting"], cell["method"])
                     cell["eval"] = column_eval(col, cell["protocol"]) or cell["eval"]
-                    cell["where"] = f"rows/{row.get('label') or row.get('method') or i} x columns/{col['label']}"
+                    cell["row"], cell["column"] = f"rows/{row.get('label') or row.get('method') or i}", f"columns/{col['label']}"
+                    cell["where"] = f"{cell['row']} x {cell['column']}"
                     out.append(cell)
         return out
 

@@ -159,11 +159,11 @@ def build_feature_federation(split: Split, protocol: str, cache: dict, class_nam
 def build_image_federation(split: Split, protocol: str, manifest, raw_root: str | Path, class_names: list[str],
                            train_transform: Callable, eval_transform: Callable, extra_columns=(),
                            caches: dict | None = None, draft: bool = True, allow_test: bool = False,
-                           classes: list[int] | None = None) -> Federation:
+                           classes: list[int] | None = None, pixels: str = "authors") -> Federation:
     """Image datasets for every part of the split (labels and ``class_names`` of the task's ``classes``, the
     dataset labels it keeps; None: all). Training (and unlabeled reference) rows go through
     ``train_transform``, the rest through ``eval_transform``; each pipeline's images are decoded at
-    its first resize (:func:`fedrepro.data.decode.spec_of`, JPEG DCT scaling if ``draft``), read
+    its first resize (:func:`fedrepro.data.decode.spec_of` for the ``pixels`` pipeline, JPEG DCT scaling if ``draft``), read
     from ``caches[part]`` (decode-once caches, part = "train" / "eval") when given, else from the
     original files."""
     from ..data.decode import spec_of
@@ -175,7 +175,8 @@ def build_image_federation(split: Split, protocol: str, manifest, raw_root: str 
         class_names = [class_names[c] for c in classes]
     columns = {c: manifest[c].tolist() for c in extra_columns}
     caches = caches or {}
-    pipelines = {part: (t, replace(spec_of(t), draft=draft)) for part, t in (("train", train_transform), ("eval", eval_transform))}
+    pipelines = {part: (t, replace(spec_of(t, pixels), draft=draft))
+                 for part, t in (("train", train_transform), ("eval", eval_transform))}
 
     def subset(rows, part, labelled=True):
         rows = np.asarray(rows, dtype=np.int64)

@@ -184,11 +184,21 @@ class FederatedMethod(ABC):
 
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
     """Sum_i w_i * state_i per key, with weights normalised to 1; integer tensors (BN step counters)
-    are averaged in float and rounded back."""
+    are averaged in float and rounded back. A model with fp16 entries (precision fp16_weights) is averaged as the
+    FACMIC and FAA-CLIP code does it (AIPMLab/FACMIC ``utils/aggregation.py::communication``): per floating entry
+    ``temp = zeros_like(entry, float32); temp += w_i * entry_i`` (the product in the entry's dtype, fp16 for the
+    fp16 weights), copied into the entry's dtype."""
     w = torch.tensor(weights, dtype=torch.float64)
     w = w / w.sum()
+    authors_fp16 = any(v.dtype == torch.float16 for v in states[0].values())
     out = {}
     for key in states[0]:
+        if authors_fp16 and states[0][key].is_floating_point():
+            total = torch.zeros_like(states[0][key], dtype=torch.float32)
+            for weight, state in zip(w.tolist(), states):
+                total += weight * state[key]
+            out[key] = total.to(states[0][key].dtype)
+            continue
         stacked = torch.stack([s[key].to(torch.float64) for s in states])
         mean = torch.tensordot(w.to(stacked.device), stacked, dims=1)
         ref = states[0][key]
@@ -311,9 +321,9 @@ class ModelAveraging(FederatedMethod):
         train = self.local_config(client, rnd)
         persist = train["optimizer"].get("persist")
         optimizer = make_optimizer(self.trainable_parameters(model), train["optimizer"])
+        self.compute.keep_fp16_weights(optimizer, model)     # fp16_weights: each step in fp32, the weights back in fp16
         if persist and client.name in self.optimizer_states:
             optimizer.load_state_dict(self.optimizer_states[client.name])
-        self.compute.keep_fp16_weights(optimizer, model)     # fp16_weights: rounded back after every step
         scaler = self.compute.scaler()      # fp16: the client's loss scale carries over from its last turn
         if scaler is not None and client.name in self.scalers:
             scaler.load_state_dict(self.scalers[client.name])

@@ -22,8 +22,19 @@ NORM_EPS = 1e-10   # inside the square root of the non-squared norm, as the auth
 
 
 def proximal_term(model: torch.nn.Module, anchor: dict[str, torch.Tensor], mu: float, squared: bool = True) -> torch.Tensor:
-    """(mu/2) ||w - anchor||^2, or (mu/2) sqrt(1e-10 + ||w - anchor||^2) when ``squared`` is false."""
+    """(mu/2) ||w - anchor||^2, or (mu/2) sqrt(1e-10 + ||w - anchor||^2) when ``squared`` is false. On an fp16
+    model (precision fp16_weights) as the FACMIC and FAA-CLIP code computes it there (AIPMLab/FACMIC
+    ``utils/training.py::train``, fedprox: ``torch.pow(torch.norm(w - w_t), 2).float()`` per parameter): each
+    parameter's difference and norm in fp16, squared, then summed in fp32 (squaring the fp16 differences
+    element-wise would underflow)."""
     params = dict(model.named_parameters())
+    if any(params[name].dtype == torch.float16 for name in anchor):
+        # the code's order: w_diff = tensor(1e-10); w_diff += ... per parameter; sqrt(w_diff)
+        device = next(iter(params.values())).device
+        total = torch.tensor(0.0 if squared else NORM_EPS, device=device)
+        for name, ref in anchor.items():
+            total = total + torch.pow(torch.norm(params[name] - ref), 2).float()
+        return (mu / 2) * (total if squared else torch.sqrt(total))
     sq = sum(((params[name] - ref) ** 2).sum() for name, ref in anchor.items())
     if not isinstance(sq, torch.Tensor):
         return torch.zeros((), device=next(model.parameters()).device)

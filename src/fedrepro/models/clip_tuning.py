@@ -40,7 +40,7 @@ from torch.nn.utils import parametrize
 from ..device import full_precision
 from ..registry import register_model
 from .decoding import clip_specs
-from .encoders import ENCODER_SCHEMA, frozen_clip, tokenize
+from .encoders import ENCODER_SCHEMA, frozen_clip, image_input, tokenize
 from .families import ModelFamily, Output, clip_batch_objective, clip_scores
 from .weights import clip_weights
 
@@ -245,8 +245,10 @@ class OpenClipFamily(ModelFamily):
         return model.encode_text(self.tokens).float()
 
     def embed(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image features B x D, class-prompt text features C x D) of the current model, not normalised."""
-        return model.encode_image(batch["x"]).float(), self.class_text(model)
+        """(image features B x D, class-prompt text features C x D) of the current model, not normalised (an fp16
+        model, precision fp16_weights, takes fp16 images and returns fp16 features, cast up here as the authors'
+        ``encode_image(image).float()``)."""
+        return model.encode_image(image_input(model, batch["x"])).float(), self.class_text(model)
 
     def forward(self, model: nn.Module, batch: dict) -> Output:
         image, text = self.embed(model, batch)

@@ -40,23 +40,28 @@ def clip_image_size(name: str) -> int:
 
 
 def _clip_encoder(cfg: dict) -> DecodeSpec:
-    encoder = cfg["encoder"]
+    encoder, authors = cfg["encoder"], cfg.get("pixels", "authors") == "authors"
     size = encoder.get("image_size") or clip_image_size(encoder["name"])
-    if encoder["preprocess"] == "resize_imagenet":
+    if encoder["preprocess"] == "resize_imagenet":   # FAA-CLIP: convert("RGB") first, then Resize([224, 224])
         return DecodeSpec(size, "square", "bilinear")
-    return DecodeSpec(size, "shorter", "bicubic")       # open_clip: Resize(size, bicubic) + CenterCrop
+    # open_clip / OpenAI CLIP: Resize(size, bicubic) + CenterCrop on the image as Image.open gives it, RGB after
+    return DecodeSpec(size, "shorter", "bicubic", convert="after" if authors else "before")
 
 
 def _square(size: int) -> DecodeSpec:
     return DecodeSpec(size, "square", "bilinear")
 
 
-def _random_crop(size: int) -> DecodeSpec:
-    return DecodeSpec(RANDOM_CROP_FACTOR * size, "shorter", "bilinear")
+def _random_crop(cfg: dict) -> DecodeSpec:
+    """A pipeline that starts with a random crop: the full-resolution image under the authors' pixels (they crop
+    from the image as it is), the shorter side at twice the crop under the fast ones."""
+    if cfg.get("pixels", "authors") == "authors":
+        return DecodeSpec()
+    return DecodeSpec(RANDOM_CROP_FACTOR * cfg["image_size"], "shorter", "bilinear")
 
 
 def _classifier_train(cfg: dict) -> DecodeSpec:
-    return _random_crop(cfg["image_size"]) if cfg["augment"] == "standard" else _square(cfg["image_size"])
+    return _random_crop(cfg) if cfg["augment"] == "standard" else _square(cfg["image_size"])
 
 
 def classifier_specs(cfg: dict) -> dict[str, DecodeSpec]:
@@ -66,18 +71,29 @@ def classifier_specs(cfg: dict) -> dict[str, DecodeSpec]:
 def projected_specs(cfg: dict) -> dict[str, DecodeSpec]:
     size = cfg["image_size"]
     evaluate = DecodeSpec(round(size * 256 / 224), "shorter", "bilinear") if cfg["eval_crop"] == "center" else _square(size)
-    train = {"skin": _random_crop(size), "ich": _square(size)}.get(cfg["augment"]) or _classifier_train(cfg)
+    train = {"skin": _random_crop(cfg), "ich": _square(size)}.get(cfg["augment"]) or _classifier_train(cfg)
     return {"train": train, "eval": evaluate}
 
 
 def adapter_protonet_specs(cfg: dict) -> dict[str, DecodeSpec]:
+    if cfg.get("pixels", "authors") == "authors":   # the authors' pipeline resizes float tensors: the image as it is
+        return {"train": DecodeSpec(), "eval": DecodeSpec()}
     size = cfg["image_size"]
     return {"train": _square(size) if cfg["augment"] == "fundus" else _classifier_train(cfg), "eval": _square(size)}
 
 
 def vlp_specs(cfg: dict) -> dict[str, DecodeSpec]:
-    spec = DecodeSpec(cfg["image"]["resize"], "longer", "bicubic")   # MGCA's pad-to-square resize
+    spec = pad_resize_spec(cfg["image"]["resize"], cfg.get("pixels", "authors"))
     return {"train": spec, "eval": spec}
+
+
+def pad_resize_spec(size: int, pixels: str, nearest: bool = False) -> DecodeSpec:
+    """The resize of MGCA's pad-to-square (FedDRA): the authors' ``cv2.resize(..., INTER_AREA)`` at ``int()`` sizes
+    (HKU-MedAI/MGCA and BioMed-AI-Lab-U-Michgan/TMLR_FedDRA ``mgca/datasets/utils.py::resize_img``), or PIL bicubic
+    at rounded sizes (the fast pixels); ``nearest`` for label masks."""
+    if pixels == "authors":
+        return DecodeSpec(size, "longer", "nearest" if nearest else "area", library="cv2")
+    return DecodeSpec(size, "longer", "nearest" if nearest else "bicubic")
 
 
 def clip_specs(cfg: dict) -> dict[str, DecodeSpec]:
@@ -86,8 +102,8 @@ def clip_specs(cfg: dict) -> dict[str, DecodeSpec]:
 
 
 def decode_specs(model: dict, draft: bool = True) -> dict[str, DecodeSpec]:
-    """{"train": spec, "eval": spec} of an image family's config (its schema defaults filled);
-    ``draft``: JPEGs decoded with DCT scaling (``data.jpeg_draft``)."""
+    """{"train": spec, "eval": spec} of an image family's config (its schema defaults filled; ``pixels`` says whose
+    pipeline); ``draft``: JPEGs decoded with DCT scaling (``data.jpeg_draft``)."""
     from ..registry import MODELS
 
     entry = MODELS.get(model["family"])
@@ -97,6 +113,6 @@ def decode_specs(model: dict, draft: bool = True) -> dict[str, DecodeSpec]:
     return {part: replace(spec, draft=draft) for part, spec in entry["decode"](model).items()}
 
 
-def encoder_decode_spec(encoder: dict) -> DecodeSpec:
+def encoder_decode_spec(encoder: dict, pixels: str = "authors") -> DecodeSpec:
     """The spec of a frozen-encoder feature cache's preprocessing (the ``features`` rule)."""
-    return _clip_encoder({"encoder": encoder})
+    return _clip_encoder({"encoder": encoder, "pixels": pixels})

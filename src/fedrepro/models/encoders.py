@@ -148,19 +148,11 @@ def set_frozen_precision(model, encoder: dict):
     if composite.config(encoder["name"]) is not None:
         raise ValueError(f"encoder.precision: fp16_weights is how clip.load holds OpenAI's CLIP models; "
                          f"{encoder['name']} is a composite CLIP (keep it fp32)")
-    import torch
-    from open_clip.transformer import LayerNormFp32
+    from ..device import authors_fp16
 
-    from ..device import fp16_weight_parameters
-
-    for p in fp16_weight_parameters(model):
-        p.data = p.data.half()
     # OpenAI's LayerNorm casts its fp16 input to fp32 and back (clip/model.py::LayerNorm); open_clip's plain one
     # hands fp16 activations to fp32 weights, which the CPU kernel takes and CUDA's refuses
-    for module in model.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            module.__class__ = LayerNormFp32
-    return model
+    return authors_fp16(model)
 
 
 def frozen_encoder_precision(model: dict) -> str | None:
@@ -175,12 +167,12 @@ def frozen_encoder_precision(model: dict) -> str | None:
 
 
 def image_input(model, x):
-    """Images as the frozen ``model`` takes them: in the dtype of its first convolution (fp16 for an
-    fp16 CLIP, as OpenAI's ``encode_image`` casts them: ``image.type(self.dtype)``), else unchanged."""
-    import torch
+    """Images as the ``model`` takes them: in the dtype of its first convolution (fp16 for an fp16 CLIP, as
+    OpenAI's ``encode_image`` casts them: ``image.type(self.dtype)``), else unchanged."""
+    from ..device import input_dtype
 
-    conv = next((m for m in model.visual.modules() if isinstance(m, torch.nn.Conv2d)), None)
-    return x if conv is None else x.to(conv.weight.dtype)
+    dtype = input_dtype(getattr(model, "visual", model))
+    return x if dtype is None else x.to(dtype)
 
 
 _FROZEN: dict[tuple, tuple] = {}
@@ -229,16 +221,19 @@ def clip_image_size(model) -> int:
 def feature_transform(kind: str, image_size: int, clip_preprocess=None):
     """The deterministic preprocessing whose outputs are cached.
 
-    ``clip``: open_clip's own eval transform (FACMIC's code path: the CLIP preprocess wins).
+    ``clip``: open_clip's own eval transform (FACMIC's code path: the CLIP preprocess wins), or at another size the
+    same steps (openai/CLIP ``clip/clip.py::_transform``: Resize, CenterCrop, RGB, ToTensor, Normalize).
     ``resize_imagenet``: Resize(size x size) + ImageNet normalisation (FAA-CLIP's code path).
     """
     from torchvision import transforms as T
+
+    from ..data.decode import ToRGB
 
     if kind == "clip":
         if clip_preprocess is not None:
             return clip_preprocess
         return T.Compose([T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(image_size),
-                          T.ToTensor(), T.Normalize(CLIP_MEAN, CLIP_STD)])
+                          ToRGB(), T.ToTensor(), T.Normalize(CLIP_MEAN, CLIP_STD)])
     if kind == "resize_imagenet":
         return T.Compose([T.Resize((image_size, image_size)), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     raise ValueError(f"unknown preprocessing {kind!r}; allowed: clip, resize_imagenet")

@@ -217,8 +217,10 @@ class ProjectedClassifierFamily(TimmClassifierFamily):
 
             mean = tuple(round(255 * m) for m in encoders.IMAGENET_MEAN)
             randaug = rand_augment_transform(self.cfg["randaugment"], {"translate_const": int(0.45 * size), "img_mean": mean})
+            # wnn2000/FedIIC dataset/get_dataset.py::get_datasets: the jitter inside RandomApply(p=1.0), which draws
+            # one number of the random stream before it (always) applies
             view1 = T.Compose([T.RandomResizedCrop(size, scale=(0.08, 1.0)), T.RandomHorizontalFlip(),
-                               T.ColorJitter(0.4, 0.4, 0.4, 0.0), randaug, *tail])
+                               T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.0)], p=1.0), randaug, *tail])
             view2 = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(),
                                T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(p=0.2), *tail])
             return [view1, view2]

@@ -280,16 +280,44 @@ class AdapterProtoFamily(TimmClassifierFamily):
         extra = {k: out[k] for k in ("min_distances", "distance_maps", "latent") if k in out}
         return Output(logits=out["logits"], features=out["pooled"], objective=objective, extra=extra)
 
-    def train_transform(self):
-        if self.cfg["augment"] != "fundus":
-            return super().train_transform()
+    # The authors' pipeline works on float tensors (berenslab/FedAdapterProto lib/eyepacs.py::FundusDataset.__getitem__:
+    # cv2.imread -> RGB -> float32 / 255; lib/update.py::LocalUpdate.train_val: Resize(img_size) and the augmentations
+    # on that tensor, then Normalize): under the authors' pixels ours does the same (ToTensor is their / 255), from the
+    # full-resolution image; the fast pixels resize a PIL image to the square once, cached.
+    def _authors(self) -> bool:
+        return self.cfg.get("pixels", "authors") == "authors"
+
+    def _augment(self) -> list:
         from torchvision import transforms as T
 
         size = self.cfg["image_size"]
-        # lib/utils.py of the official code: flips, 5 degree rotations, mild colour jitter
-        return T.Compose([T.Resize((size, size)), T.RandomHorizontalFlip(), T.RandomVerticalFlip(), T.RandomRotation(5),
-                          T.ColorJitter(brightness=0.05, contrast=0.9, saturation=(0.8, 1.2), hue=0.05),
-                          T.ToTensor(), self._normalise()])
+        return {
+            "none": [],
+            "flip": [T.RandomHorizontalFlip()],
+            "standard": [T.RandomResizedCrop(size, scale=(0.6, 1.0)), T.RandomHorizontalFlip()],
+            # the official code's: flips, 5 degree rotations, mild colour jitter (lib/update.py::LocalUpdate.train_val)
+            "fundus": [T.RandomHorizontalFlip(p=0.5), T.RandomVerticalFlip(p=0.5), T.RandomRotation(degrees=5),
+                       T.ColorJitter(brightness=0.05, hue=0.05, saturation=[0.8, 1.2], contrast=0.9)],
+        }[self.cfg["augment"]]
+
+    def eval_transform(self):
+        if not self._authors():
+            return super().eval_transform()
+        from torchvision import transforms as T
+
+        return T.Compose([T.ToTensor(), T.Resize(self.cfg["image_size"]), self._normalise()])
+
+    def train_transform(self):
+        from torchvision import transforms as T
+
+        size = self.cfg["image_size"]
+        if self._authors():
+            augment = self._augment()
+            resize = [] if self.cfg["augment"] == "standard" else [T.Resize(size)]   # the random crop resizes itself
+            return T.Compose([T.ToTensor(), *resize, *augment, self._normalise()])
+        if self.cfg["augment"] != "fundus":
+            return super().train_transform()
+        return T.Compose([T.Resize((size, size)), *self._augment(), T.ToTensor(), self._normalise()])
 
 
 @torch.no_grad()

@@ -250,25 +250,35 @@ def aggregate_words(hidden: torch.Tensor, input_ids: torch.Tensor, continuation:
 
 
 class PadToSquare:
-    """MGCA's ``resize_img``: scale the longer side to ``size`` and zero-pad the shorter to a square."""
+    """MGCA's ``resize_img`` (HKU-MedAI/MGCA and BioMed-AI-Lab-U-Michgan/TMLR_FedDRA ``mgca/datasets/utils.py``):
+    scale the longer side to ``size`` and zero-pad the shorter to a square, the padding split floor / ceil. Under
+    the authors' pixels the resize is theirs, ``cv2.resize(..., INTER_AREA)`` at ``int()`` sizes; under the fast ones
+    PIL bicubic at rounded sizes (``nearest``: label masks, aligned with their image)."""
 
-    def __init__(self, size: int, nearest: bool = False):
-        self.size, self.nearest = size, nearest
+    def __init__(self, size: int, nearest: bool = False, pixels: str = "authors"):
+        self.size, self.nearest, self.pixels = size, nearest, pixels
 
     @property
     def decode_spec(self):
         """Its resize, applied once at decode time (fedrepro.data.decode); the padding stays here."""
-        from ..data.decode import DecodeSpec
+        from .decoding import pad_resize_spec
 
-        return DecodeSpec(self.size, "longer", "nearest" if self.nearest else "bicubic")
+        return pad_resize_spec(self.size, self.pixels, self.nearest)
+
+    def __repr__(self) -> str:
+        return f"PadToSquare(size={self.size}, nearest={self.nearest}, pixels={self.pixels!r})"
 
     def __call__(self, image):
         from PIL import Image
 
-        w, h = image.size
-        scale = self.size / max(w, h)
-        resample = Image.NEAREST if self.nearest else Image.BICUBIC
-        resized = image.resize((max(1, round(w * scale)), max(1, round(h * scale))), resample)
+        from ..data.decode import INTERPOLATIONS, cv2_resize
+
+        spec = self.decode_spec
+        target = spec.target_size(*image.size)
+        if spec.library == "cv2":
+            resized = cv2_resize(image, target, spec.interpolation)
+        else:
+            resized = image.resize(target, INTERPOLATIONS[spec.interpolation])
         canvas = Image.new(image.mode, (self.size, self.size))
         canvas.paste(resized, ((self.size - resized.size[0]) // 2, (self.size - resized.size[1]) // 2))
         return canvas
@@ -606,10 +616,10 @@ class VisionLanguageFamily(ModelFamily):
         to the image size itself (MGCA's segmentation data: the whole image, no crop)."""
         from torchvision import transforms as T
 
-        image = self.cfg["image"]
+        image, pixels = self.cfg["image"], self.cfg.get("pixels", "authors")
         if not crop:
-            return PadToSquare(image["image_size"], nearest)
-        return T.Compose([PadToSquare(image["resize"], nearest), T.CenterCrop(image["image_size"])])
+            return PadToSquare(image["image_size"], nearest, pixels)
+        return T.Compose([PadToSquare(image["resize"], nearest, pixels), T.CenterCrop(image["image_size"])])
 
     def tensor_transform(self):
         """PIL image -> the normalised tensor the encoder reads (the transforms' last steps)."""
@@ -627,7 +637,7 @@ class VisionLanguageFamily(ModelFamily):
 
         image = self.cfg["image"]
         augment = [T.RandomCrop(image["image_size"])] if image["augment"] == "crop" else [T.CenterCrop(image["image_size"])]
-        return T.Compose([PadToSquare(image["resize"]), *augment, T.ToTensor(), self._normalise()])
+        return T.Compose([PadToSquare(image["resize"], pixels=self.cfg.get("pixels", "authors")), *augment, T.ToTensor(), self._normalise()])
 
     # ---- the two towers ---------------------------------------------------------------------
     @staticmethod

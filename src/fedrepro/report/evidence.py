@@ -129,7 +129,7 @@ def draw_paper(project: Project, paper: str, scores: pd.DataFrame, out_png: Path
     fig, axes = grid(plt, len(panels), 3, size=(5.0, 3.6))
     for ax, ((protocol, setting), runs) in zip(axes, panels):
         for method, seeds in runs.groupby("method", sort=False):
-            series = [curve_column(pd.read_csv(paths.run_file(RunKey(paper, protocol, setting, method, s), "history.csv")),
+            series = [curve_column(pd.read_csv(paths.run_file(project.resolver.run_key(paper, setting, method, s, protocol), "history.csv")),
                                    seeds["task"].iloc[0]) for s in seeds["seed"]]
             table = pd.concat(series, axis=1).dropna(how="all")
             if table.empty:

@@ -60,7 +60,7 @@ class ReportItem:
     # ---- runs ----------------------------------------------------------------------------------
     def key(self, setting: str, method: str, seed: int) -> RunKey:
         """The run behind (setting, method, seed) here: the item's protocol unless the setting pins one."""
-        return RunKey(self.paper, self.project.resolver.protocol(self.paper, setting, self.protocol), setting, method, seed)
+        return self.project.resolver.run_key(self.paper, setting, method, seed, self.protocol)
 
     def run_file(self, setting: str, method: str, seed: int, name: str = "metrics.json") -> Path:
         return require(paths.run_file(self.key(setting, method, seed), name))

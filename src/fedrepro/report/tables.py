@@ -28,6 +28,7 @@ import pandas as pd
 from .. import paths
 from ..config import Project, column_eval, resolve_cell
 from ..io import read_json, write_csv, write_text
+from ..paths import DEFAULT_NUMERICS
 from ..registry import TABLE_KINDS, method_class, register_table_kind
 from .item import ReportItem, require, split_count_inputs, stand_in, stand_in_warning
 from .published import Published, read_published
@@ -96,7 +97,7 @@ def runs_inputs(item: ReportItem) -> list[str]:
     one = (item.spec.get("selection") or {}).get("rule") == "one_round"
     for cell in item.project.resolver.resolved_cells(item.paper, item.name, item.protocol):
         for seed in item.seeds:
-            key = paths.RunKey(item.paper, cell["protocol"], cell["setting"], cell["method"], seed)
+            key = item.project.resolver.run_key(item.paper, cell["setting"], cell["method"], seed, cell["protocol"])
             if cell["task"]:
                 files[paths.downstream(key, cell["task"])] = None
             else:
@@ -140,7 +141,7 @@ def build_table(item: ReportItem) -> TableResult:
     col_labels = [c["label"] for c in columns]
 
     per_seed: list[dict] = []
-    protocols, rules, test_data = set(), set(), set()
+    protocols, rules, test_data, numerics = set(), set(), set(), set()
     for row, row_label in zip(rows, row_labels):
         values: dict[str, dict[int, float]] = {}
         for col in columns:
@@ -150,13 +151,14 @@ def build_table(item: ReportItem) -> TableResult:
             protocol = project.resolver.protocol(paper, cell["setting"], cell["protocol"] or item.protocol)
             eval_key = column_eval(col, protocol) or cell["eval"]
             for seed in seeds:
-                key = paths.RunKey(paper, protocol, cell["setting"], cell["method"], seed)
+                key = project.resolver.run_key(paper, cell["setting"], cell["method"], seed, protocol)
                 if cell["task"]:
                     metrics = read_json(require(paths.downstream(key, cell["task"])))
                 else:
                     folder = Path(paths.run_dir(key))
                     metrics = one_round(read_json(require(folder / "metrics.json")), folder, spec.get("selection"))
                 protocols.add(metrics["run"]["protocol"])
+                numerics.add(key.numerics)
                 rules.add(metrics["selection"]["rule"])
                 test_data |= notes_on_test_use(metrics)
                 values.setdefault(col["label"], {})[seed] = metric_value(metrics, eval_key, cell["metric"]) * cell["scale"]
@@ -176,7 +178,7 @@ def build_table(item: ReportItem) -> TableResult:
             records.append(cell_record(row_label, col_label, vals.tolist(), published))
     summary = pd.DataFrame(records)
     bars = project.config["report"]["error_bars"]
-    caption = make_caption(spec, table, project, protocols, rules, bars, len(seeds), test_data)
+    caption = make_caption(spec, table, project, protocols, rules, bars, len(seeds), test_data, numerics)
     return TableResult(table, spec.get("title", table), row_labels, col_labels, summary, seeds_frame, caption,
                        spec.get("decimals", 2))
 
@@ -199,12 +201,20 @@ def notes_on_test_use(metrics: dict) -> set[str]:
     return notes
 
 
+NUMERICS_NOTE = {"fast": "fast numerics (bf16 autocast on a capable GPU, JPEG DCT scaling, random crops from a cache "
+                         "at twice the crop size, PIL resizes), not the authors' arithmetic and pixels"}
+
+
 def make_caption(spec: dict, table: str, project: Project, protocols: set, rules: set, bars: str, n: int,
-                 test_data: set[str] = frozenset()) -> str:
+                 test_data: set[str] = frozenset(), numerics: set[str] = frozenset()) -> str:
     parts = [spec.get("title", table) + "."]
     parts.append(f"Measured here: mean ± {ERROR_BARS[bars]} (n = {n} seeds); the published value in parentheses.")
     if protocols:
         parts.append(f"Protocol: {', '.join(sorted(protocols))}.")
+    other = sorted(numerics - {DEFAULT_NUMERICS})
+    if other:   # the authors' numerics go unsaid: they are the default (README "Numerics")
+        some = " (some runs)" if len(numerics) > 1 else ""
+        parts.append(f"Computed with the {'; '.join(NUMERICS_NOTE[n] for n in other)}{some}.")
     if rules:
         on = spec.get("selection") or {}
         described = {"best_val": "best validation round", "last": "last round",
