@@ -256,6 +256,9 @@ HOW: dict[str, How] = {
         "python benchmarks/fullsize_smoke.py", GPU),
     "python benchmarks/fullsize_smoke.py --depth full --protocol paper --device cuda": Help(
         "python benchmarks/fullsize_smoke.py", GPU),
+    "python benchmarks/fullsize_smoke.py --depth full --numerics authors --device cuda": Help(
+        "python benchmarks/fullsize_smoke.py", GPU),
+    "python benchmarks/numerics.py": Help("python benchmarks/numerics.py", "decodes 48 images per pipeline (minutes)"),
     # ---- docs/papers/*.md
     "snakemake all --config 'protocols=[paper]'": DRY,
     "snakemake --cores 8 ...": Instead("snakemake -n --cores 8 results/tables/clean/facmic/table2.md",

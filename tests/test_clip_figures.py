@@ -241,7 +241,12 @@ def test_seed_table_and_turn_series_by_hand(tmp_path, monkeypatch):
         out = tmp_path / "results/runs/clean/p/s/m" / f"seed{seed}"
         out.mkdir(parents=True)
         pd.DataFrame(columns).to_csv(out / "history.csv", index=False)
-    project = SimpleNamespace(seeds=[0, 1], resolver=SimpleNamespace(protocol=lambda paper, setting, protocol: protocol))
+    from fedrepro.paths import RunKey
+
+    resolver = SimpleNamespace(protocol=lambda paper, setting, protocol: protocol,
+                               run_key=lambda paper, setting, method, seed, protocol: RunKey(paper, protocol, setting,
+                                                                                             method, seed))
+    project = SimpleNamespace(seeds=[0, 1], resolver=resolver)
     item = ReportItem(project, "clean", "p", "figures", "f")
 
     table = seed_table(item, "s", "m", "global/acc")

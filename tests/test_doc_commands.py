@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -144,8 +145,11 @@ def calls() -> list[tuple[str, D.How, list[str]]]:
                 out.append(merged[prefix])
             merged[prefix][0].insert(1, target)          # targets first: no option after them can take them
             merged[prefix][2].append(command)
+        elif (shell, how) in merged:                     # the same stand-in for several documented commands: once
+            merged[shell, how][2].append(command)
         else:
-            out.append([shell, how, [command]])
+            merged[shell, how] = [shell, how, [command]]
+            out.append(merged[shell, how])
     return [(shlex.join(c) if isinstance(c, list) else c, how, docs) for c, how, docs in out]
 
 
@@ -157,16 +161,20 @@ def test_every_documented_command_runs_and_does_what_the_text_says(tmp_path):
     repo = copy_repo(tmp_path / "repo")
     env = tool_env(repo, tmp_path / "home")
     subprocess.run(["git", "init", "-q"], cwd=repo, env=env, check=True)
-    failures = []
+    failures, seconds = [], {}
     for shell, how, documented in calls():
+        start = time.monotonic()
         for setup in how.setup:
             subprocess.run(["bash", "-c", setup], cwd=repo, env=env, capture_output=True, timeout=600)
         proc = subprocess.run(["timeout", "-k", "10", "1500", "bash", "-c", shell], cwd=repo, env=env,
                               capture_output=True, text=True)
+        seconds[shell] = time.monotonic() - start
         output = proc.stdout + proc.stderr
         missing = [text for text in how.expect if text not in output]
         if proc.returncode != how.rc or missing:
             failures.append(f"$ {shell}\n  (documented: {documented[0]}{' +%d' % (len(documented) - 1) if len(documented) > 1 else ''})"
                             f"\n  exit {proc.returncode} (expected {how.rc}); missing {missing}\n  "
                             + "\n  ".join(output.strip().splitlines()[-12:]))
+    print("slowest documented commands:", *(f"{t:6.1f} s  {c[:120]}" for c, t in
+                                             sorted(seconds.items(), key=lambda x: -x[1])[:15]), sep="\n  ")
     assert not failures, "\n\n".join(failures)

@@ -347,8 +347,9 @@ def test_split_sizes_get_their_own_scorecard_panel(tmp_path):
     data = card[card["quantity"] == "data"].set_index("row")
     assert data["verdict"].to_dict() == {"client0": "reproduced", "client1": "above", "global_test": "reproduced"}
     line = scorecard.summary_line(card)
-    assert "facmic (paper): 1 of 2 cells within the 95% interval (1 below)" in line
-    assert "split sizes and data statistics: 2 of 3 as published (1 above)" in line
+    assert line.startswith("facmic (paper): 1 of the 2 published numbers that could be judged reproduced"), line
+    assert "the whole measured interval lies below the published value for 1" in line, line
+    assert line.endswith("Split sizes and data statistics: 2 of 3 as published (1 larger)."), line
     files = scorecard.ScorecardFiles.at(tmp_path / "out" / "facmic")
     scorecard.write(card, "FACMIC", files)
     with Image.open(files.png) as one_panel_or_two:
