@@ -133,5 +133,5 @@ def test_the_slice_learns(root):
     assert {(p, m) for p, ms in wanted.items() for m in ms} == set(zip(bar["paper"], bar["method"]))
     assert (bar["value"] > bar["chance"]).all(), bar.to_string()
     assert (bar["passed"] == (bar["value"] >= bar["threshold"])).all()
-    clear = (bar["passed"] | bar["exempt"].notna()).sum()
+    clear = bar["passed"].sum()       # one seed: a row clears the bar when its run does
     assert f"{clear} of {len(bar)} (setting, method) rows clear the bar" in result.stdout, result.stdout[-2000:]

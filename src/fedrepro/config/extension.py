@@ -166,8 +166,8 @@ class Extension:
             protocols[protocol] = {k: copy.deepcopy(v) for k, v in (("train", train), ("params", params)) if v}
         if any(protocols.values()):
             twin["protocols"] = {p: o for p, o in protocols.items() if o}
-        if method.get("bar_exemption"):
-            twin["bar_exemption"] = method["bar_exemption"]
+        if method.get("bar_explanation"):
+            twin["bar_explanation"] = method["bar_explanation"]
         view["methods"][name] = twin
         self._variants[(paper, key, baseline)] = name
         return name

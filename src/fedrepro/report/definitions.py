@@ -30,7 +30,7 @@ def named(item: ReportItem, what: str) -> list[str]:
 def method_entries(project: Project, paper: str, methods) -> dict:
     """What a report shows of each method variant: its label and why it may not clear the learning bar."""
     entries = project.papers[paper]["methods"]
-    return {m: {"label": entries[m].get("label", m), "bar_exemption": entries[m].get("bar_exemption")} for m in methods}
+    return {m: {"label": entries[m].get("label", m), "bar_explanation": entries[m].get("bar_explanation")} for m in methods}
 
 
 def setting_entries(project: Project, paper: str, settings) -> dict:
@@ -51,7 +51,7 @@ def item_definition(item: ReportItem) -> dict:
         "seeds": item.seeds,
         "report": project.config["report"],
         "stand_in": stand_in(project, item.paper),
-        "learning_bar": bool(project.config.get("evidence")),     # table captions name the exempt methods
+        "learning_bar": bool(project.config.get("evidence")),     # table captions name the variants that may fall below it, and why
     }
 
 

@@ -142,12 +142,15 @@ def evidence_verdict(project: Project, paper: str) -> list[str]:
         return ["No run of this paper on the learning-bar page yet."]
     labels = method_labels(project, paper, rows["method"])
     passed = rows["seeds passed"].str.split("/").map(lambda p: p[0] == p[1])
-    exempt = rows["exempt"] != ""
-    lines = [f"{int((passed | exempt).sum())} of {len(rows)} (setting, method) rows clear the learning bar with "
-             f"every seed or are exempt ({int(exempt.sum())} exempt)."]
-    for r in rows[~passed & ~exempt].to_dict("records"):
+    explained = rows["explanation"] != ""
+    lines = [f"{int(passed.sum())} of {len(rows)} (setting, method) rows clear the learning bar with every seed; "
+             f"{int((~passed & explained).sum())} fall below it with the reason their paper file gives, "
+             f"{int((~passed & ~explained).sum())} without one."]
+    for r in rows[~passed].to_dict("records"):
+        why = f" Its paper file says why: {r['explanation']}" if r["explanation"] else ""
         lines.append(f"Below the bar: {labels[r['method']]} on {r['setting']} ({r['protocol']}), measured "
-                     f"{100 * r['mean']:.1f}% against a bar of {100 * r['bar']:.1f}% ({r['seeds passed']} seeds passed).")
+                     f"{100 * r['mean']:.1f}% against a bar of {100 * r['bar']:.1f}% ({r['seeds passed']} seeds "
+                     f"passed).{why}")
     return lines
 
 
