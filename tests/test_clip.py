@@ -493,10 +493,9 @@ def test_training_job_prompts_with_the_class_texts_and_records_the_run_variant(t
     import dataclasses
     import hashlib
 
-    from infra_support import build_tiny_inputs, with_rounds
-
     from fedrepro.registry import DATASETS
     from fedrepro.train import InputMismatch, train_run
+    from infra_support import build_tiny_inputs, with_rounds
 
     entry = DATASETS.get("demo_bt")
 
@@ -528,11 +527,10 @@ def test_paper_protocol_reads_the_authors_data_and_both_decode_as_the_numerics_s
     under the authors' numerics (torchvision's ``datasets.ImageFolder`` + PIL, ``utils/prepare_data_dg_clip.py``)
     and with DCT scaling under the fast ones. The split, its file and the tables' split counts follow the
     protocol's dataset."""
-    from parity.harness import ROOT, project
-
     from fedrepro.config import load_project
     from fedrepro.paths import RunKey
     from fedrepro.report.item import ReportItem
+    from parity.harness import ROOT, project
 
     proj = project()
     cases = {("facmic", "real", "facmic"): ("skin_real", "skin_real_overlap"),
@@ -557,10 +555,9 @@ def test_paper_protocol_reads_the_authors_data_and_both_decode_as_the_numerics_s
 def test_tables_with_centralized_name_its_budget_per_round_in_the_caption():
     """FACMIC Table 2 / 5: Centralized (the code's ``SkinCen``, one training client) takes one client's 199 steps
     per round on BT and SC, 1/3 of the federation's; the caption says so, from the run's own ``budget``."""
-    from parity.harness import project
-
     from fedrepro.report.item import ReportItem
     from fedrepro.report.tables import method_notes
+    from parity.harness import project
 
     proj = project()
     for table in ("table2", "table5"):

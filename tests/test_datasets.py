@@ -16,14 +16,13 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from http_files import server, zip_bytes  # noqa: F401  (server: a pytest fixture)
-
 from fedrepro.data import download
 from fedrepro.data.download import ChecksumMismatch, DownloadError, ManualStepRequired
 from fedrepro.data.manifest import ManifestError, validate_manifest, write_manifest
 from fedrepro.data.prepare import prepare_dataset
 from fedrepro.data.spec import DatasetSpec, Source
 from fedrepro.registry import dataset
+from http_files import server, zip_bytes  # noqa: F401  (server: a pytest fixture)
 
 
 def jpeg(path: Path, shade: int = 0) -> Path:

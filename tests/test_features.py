@@ -75,11 +75,10 @@ def test_paper_protocol_encodes_with_the_authors_fp16_clip(demo_raw):
     ``encoder.precision: fp16_weights`` the cache holds what that model computes, ``encode_image`` casting the
     images to fp16 (``image.type(self.dtype)``), for the images and the prompts alike; the family that runs
     the encoder on every batch computes the same features."""
-    from parity.clip_spec import authors_fp16_clip
-
     from fedrepro.config import model_schema, validate
     from fedrepro.registry import model_class
     from fedrepro.seeding import seed_global
+    from parity.clip_spec import authors_fp16_clip
 
     spec = dataset("demo_bt")
     manifest = prepare.prepare_dataset(spec, demo_raw)

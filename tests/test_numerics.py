@@ -127,9 +127,8 @@ def test_a_protocol_comparison_with_unequal_numerics_is_refused_naming_the_cells
 
 def test_the_run_manifest_and_metrics_record_the_numerics(tmp_path):
     """The real training job: run_manifest.json's variant and metrics.json's run say which numerics computed it."""
-    from infra_support import build_tiny_inputs, with_rounds
-
     from fedrepro.train import train_run
+    from infra_support import build_tiny_inputs, with_rounds
 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp_path)

@@ -251,10 +251,9 @@ def test_fp16_weights_steps_as_the_authors_loop_and_damps_small_updates():
     optimizer state (its fp32 moments stay fp32). Updates below half an fp16 step are lost: most fp16 weights
     never move, where fp32 training moves every one of them; LayerNorm, embeddings and the logit scale stay
     fp32 and do move."""
-    from parity.clip_spec import authors_convert_models_to_fp32, authors_convert_weights
-
     from fedrepro.device import fp16_weight_parameters
     from fedrepro.fl.local import make_optimizer
+    from parity.clip_spec import authors_convert_models_to_fp32, authors_convert_weights
 
     cfg = {"name": "adam", "lr": 5e-5, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.02, "fused": True}
     start = ClipParts()
@@ -310,9 +309,8 @@ def test_fp16_weights_through_the_engine_rounds_every_client_update(tmp_path):
     """FAA-CLIP's FedAVG on the tiny CLIP: what every client uploads and the server's average are fp16 in their
     fp16 weights, LayerNorm stays fp32, and the run differs from fp32 training (bit-for-bit parity with the
     authors' loop: tests/parity/test_clip_fp16.py)."""
-    from parity.harness import UpdateLog, drive, image_federation, paper_run
-
     from fedrepro.device import fp16_weight_parameters
+    from parity.harness import UpdateLog, drive, image_federation, paper_run
 
     run = paper_run("faa_clip", "fedavg", protocol="paper", train={"rounds": 1, "local": {"steps": 2}, "batch_size": 4})
     fed = image_federation(size=64, classes=3, sizes=(4, 4, 4))
@@ -364,9 +362,8 @@ def test_the_authors_numerics_encode_with_the_authors_fp16_frozen_clip():
     encodes with it, and clean and paper runs share the feature caches (``-full-fp16w``); the fast numerics encode in
     fp32 from DCT-scaled JPEGs, with the keys the caches had before numerics were a choice. The families that
     train CLIP have no such setting (their ``train.precision`` is the authors')."""
-    from parity.harness import ROOT
-
     from fedrepro.models.encoders import frozen_encoder_precision
+    from parity.harness import ROOT
 
     frozen = {"clip_fam", "clip_adapter", "clip_fam_images", "clip_adapter_images"}
     caches = {}

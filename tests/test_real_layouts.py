@@ -17,14 +17,14 @@ import yaml
 from PIL import Image
 
 import real_layouts
-from http_files import server, zip_bytes  # noqa: F401  (server: a pytest fixture)
-from real_layouts import LAYOUTS
 from fedrepro.cli import main as cli
 from fedrepro.data import download
 from fedrepro.data.download import DownloadError, ManualStepRequired, NotEnoughSpace
 from fedrepro.data.manifest import ManifestError, read_manifest
 from fedrepro.data.prepare import prepare_dataset
 from fedrepro.registry import DATASETS, dataset
+from http_files import server, zip_bytes  # noqa: F401  (server: a pytest fixture)
+from real_layouts import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_CREDENTIALS = {"HOME": "/nonexistent", "KAGGLE_CONFIG_DIR": "/nonexistent"}

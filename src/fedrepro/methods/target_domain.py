@@ -22,7 +22,6 @@ from ..fl.method import ModelAveraging
 from ..seeding import torch_generator
 from .tuning import require_family
 
-
 # shared by FACMIC and FAA-CLIP (their params schemas include it)
 TARGET_PASS_PARAMS = {
     "target_pass": {
