@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the evidence run: every method variant of the full grid on the offline data, 3 seeds,
-# and the page that says whether each learns (results/evidence-run/evidence/index.html). About two hours on 2 CPU
-# cores (estimated: benchmarks/README.md); it resumes where it stopped. Arguments: more config files, merged over
+# and the page that says whether each learns (results/evidence-run/evidence/index.html). More than two hours on 2
+# CPU cores (not yet measured to its end: benchmarks/README.md); it resumes where it stopped. Arguments: more config files, merged over
 # config/evidence.yaml, e.g. the slice
 # the tests run (one seed, a few variants per paper):
 #   bash scripts/evidence.sh
