@@ -368,8 +368,8 @@ def test_the_authors_numerics_encode_with_the_authors_fp16_frozen_clip():
     frozen = {"clip_fam", "clip_adapter", "clip_fam_images", "clip_adapter_images"}
     caches = {}
     for numerics, expected in (("authors", "fp16_weights"), ("fast", "fp32")):
-        proj = load_project([ROOT / "config/config.yaml"], {"protocols": ["clean", "paper"], "numerics": numerics},
-                            root=ROOT)
+        proj = load_project([ROOT / "config/config.yaml"], {"protocols": ["clean", "paper"], "numerics": numerics,
+                                                             "papers": ["facmic", "faa_clip"]}, root=ROOT)
         for paper in ("facmic", "faa_clip"):
             setting = next(iter(proj.papers[paper]["settings"]))
             for method in proj.papers[paper]["methods"]:
@@ -379,7 +379,7 @@ def test_the_authors_numerics_encode_with_the_authors_fp16_frozen_clip():
                     assert frozen_encoder_precision(model) == want, (numerics, paper, method, protocol)
         for key in proj.plan.runs():
             run = proj.resolver.run_config(key)
-            if key.paper in ("facmic", "faa_clip") and run["features"]:
+            if run["features"]:
                 caches.setdefault((numerics, key.protocol), set()).add(run["paths"]["features"])
                 half = run["features"]["encoder"].get("precision") == "fp16_weights"
                 assert half == (numerics == "authors") == ("-full-fp16w-" in run["features"]["key"]), key
