@@ -100,6 +100,20 @@ def test_a_run_below_the_bar_with_a_reason_is_reported_below_it_with_its_validat
     assert (tmp_path / "page/feddra-validation.png").stat().st_size > 5_000
 
 
+def test_a_validation_curve_is_linked_only_where_a_run_with_a_reason_falls_below_the_bar(project, tmp_path):
+    """FedMAE carries the overlay's reason but clears the bar here, while FedAvg falls below it without one: the page
+    draws no validation figure, so it links none (the page once linked one, and its HTML then failed to embed it)."""
+    assert project.papers["feddra"]["methods"]["fedmae_convirt"].get("bar_explanation")
+    fill(project, low={("fedavg_convirt", 0)})
+    scores = evidence.write_page(project, tmp_path / "page")
+    assert set(evidence.failures(scores)["method"]) == {"fedavg_convirt"} and evidence.explained(scores).empty
+    page = (tmp_path / "page/index.md").read_text()
+    assert "-validation.png" not in page and not list((tmp_path / "page").glob("*-validation.png"))
+    below = int((~evidence.summary_table(scores)["cleared"]).sum())
+    assert below >= 1 and "; 0 fall below it with the reason" in page and f"{below} without one" in page
+    assert (tmp_path / "page/index.html").stat().st_size > 0
+
+
 def test_the_page_draws_every_paper_and_the_check_names_failing_runs(project, tmp_path, root):
     from fedrepro import cli
 

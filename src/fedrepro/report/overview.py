@@ -141,7 +141,7 @@ def evidence_verdict(project: Project, paper: str) -> list[str]:
     if rows.empty:
         return ["No run of this paper on the learning-bar page yet."]
     labels = method_labels(project, paper, rows["method"])
-    passed = rows["seeds passed"].str.split("/").map(lambda p: p[0] == p[1])
+    passed = rows["cleared"]
     explained = rows["explanation"] != ""
     lines = [f"{int(passed.sum())} of {len(rows)} (setting, method) rows clear the learning bar with every seed; "
              f"{int((~passed & explained).sum())} fall below it with the reason their paper file gives, "
