@@ -48,11 +48,11 @@ def run_config(rounds=4, **train) -> dict:
             "impl": {"model": "fedrepro.models.families:ClipAdapterFamily"}}
 
 
-def run(method_cls, run_cfg, checkpoint, fed=None):
+def run(method_cls, run_cfg, checkpoint, fed=None, checkpoint_every=0.0):
     fed = fed or synthetic_federation()
     ctx = MethodContext(run_cfg, fed, torch.device("cpu"), CommLedger(), logging.getLogger("test"))
     method = method_cls(ctx)
-    return method, run_rounds(method, fed, run_cfg, checkpoint)
+    return method, run_rounds(method, fed, run_cfg, checkpoint, checkpoint_every=checkpoint_every)
 
 
 def eval_columns(history: pd.DataFrame) -> pd.DataFrame:
@@ -112,6 +112,54 @@ def test_resume_after_a_crash_gives_the_same_result(tmp_path, monkeypatch):
         run(FedCLIP, run_config(rounds=4), ckpt)
     monkeypatch.setattr(FedCLIP, "aggregate", original)
     assert ckpt.exists()
+    _, resumed = run(FedCLIP, run_config(rounds=4), ckpt)
+    assert resumed.resumed_from == 2
+    pd.testing.assert_frame_equal(eval_columns(full.history), eval_columns(resumed.history))
+
+
+def saved_rounds(monkeypatch) -> list[int]:
+    """The rounds after which the engine writes resume.pt (its ``next_round``), recorded as it writes them."""
+    import fedrepro.fl.engine as engine
+
+    written, save = [], engine.torch_save
+    monkeypatch.setattr(engine, "torch_save", lambda path, state: (written.append(state["next_round"]), save(path, state)))
+    return written
+
+
+def test_checkpoints_follow_the_cadence_and_always_follow_the_last_round(tmp_path, monkeypatch):
+    """0 s: after every round; an hour: rounds of milliseconds write resume.pt once, after the last round (a job
+    killed while writing its outputs redoes no round); the numbers do not depend on the cadence."""
+    written = saved_rounds(monkeypatch)
+    _, every = run(FedCLIP, run_config(rounds=4), tmp_path / "every.pt", checkpoint_every=0)
+    assert written == [1, 2, 3, 4]
+    written.clear()
+    _, hourly = run(FedCLIP, run_config(rounds=4), tmp_path / "hourly.pt", checkpoint_every=3600)
+    assert written == [4]
+    pd.testing.assert_frame_equal(eval_columns(every.history), eval_columns(hourly.history))
+
+
+def test_a_kill_between_sparse_checkpoints_resumes_from_the_last_one(tmp_path, monkeypatch):
+    """With a cadence longer than a round, a kill loses the rounds since the last write, never the numbers."""
+    import fedrepro.fl.engine as engine
+
+    _, full = run(FedCLIP, run_config(rounds=4), tmp_path / "full.pt")
+    # the cadence's clock: the start, after round 1 (1 s: no write), after round 2 (6 s: written, then the write's
+    # time), after round 3 (7 s: no write); round 4 is killed before its end
+    clock = iter([0.0, 1.0, 6.0, 6.0, 7.0])
+    monkeypatch.setattr(engine, "_clock", lambda: next(clock))
+    original = FedCLIP.aggregate
+
+    def crash_in_round_4(self, updates, rnd):
+        if rnd == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, updates, rnd)
+
+    monkeypatch.setattr(FedCLIP, "aggregate", crash_in_round_4)
+    ckpt = tmp_path / "sparse.pt"
+    with pytest.raises(KeyboardInterrupt):
+        run(FedCLIP, run_config(rounds=4), ckpt, checkpoint_every=5)
+    monkeypatch.undo()
+    assert torch.load(ckpt, weights_only=False)["next_round"] == 2      # round 3's state was never written
     _, resumed = run(FedCLIP, run_config(rounds=4), ckpt)
     assert resumed.resumed_from == 2
     pd.testing.assert_frame_equal(eval_columns(full.history), eval_columns(resumed.history))

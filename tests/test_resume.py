@@ -33,8 +33,9 @@ def tiny_run(tmp_path_factory):
 
 
 def train_cmd(run_cfg: dict, tag: str) -> list[str]:
+    # a checkpoint after every round (the command's default is one a minute): the kill lands between any two rounds
     return [sys.executable, "-m", "fedrepro.cli", "train", "--run", json.dumps(run_cfg),
-            "--out", f"{tag}/out", "--checkpoint-dir", f"{tag}/ckpt"]
+            "--out", f"{tag}/out", "--checkpoint-dir", f"{tag}/ckpt", "--checkpoint-every", "0"]
 
 
 def train_env() -> dict:

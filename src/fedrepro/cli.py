@@ -118,7 +118,7 @@ def cmd_train(args) -> None:
     from .train import train_run
 
     run = json.loads(args.run)
-    train_run(run, args.out, args.checkpoint_dir, logging.getLogger("fedrepro.train"))
+    train_run(run, args.out, args.checkpoint_dir, logging.getLogger("fedrepro.train"), args.checkpoint_every)
 
 
 def cmd_downstream(args) -> None:
@@ -368,6 +368,10 @@ def attempt_header(command: str) -> None:
 
 # jobs that load models: they read pretrained weights from resources/weights with the hubs switched off
 OFFLINE_JOBS = ("train", "features", "downstream", "embed")
+# seconds of work a killed train job may have to redo (fedrepro.fl.engine.run_rounds): runs of short rounds (the demo,
+# runs on cached features) do not spend more time writing their state than training, and a kill costs at most a
+# minute; a cluster may set its own for every job
+CHECKPOINT_VAR = "FEDREPRO_CHECKPOINT_EVERY"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -444,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="resolved run config as JSON")
     p.add_argument("--out", required=True)
     p.add_argument("--checkpoint-dir", required=True)
+    p.add_argument("--checkpoint-every", type=float, metavar="SECONDS", default=os.environ.get(CHECKPOINT_VAR, "60"),
+                   help=f"write resume.pt after a round once this long has passed since the last write, and after the "
+                        f"last round; 0: after every round (default: ${CHECKPOINT_VAR}, else 60)")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("downstream", help="evaluate a pre-trained checkpoint on a downstream task")

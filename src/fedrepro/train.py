@@ -63,6 +63,7 @@ from .models.weights import weight_specs
 from .provenance import run_manifest, run_variant
 from .registry import dataset, method_class, run_plugins
 from .seeding import configure_determinism
+from .timing import Phases, process_age
 
 
 class InputMismatch(StaleInput):
@@ -224,10 +225,14 @@ def client_state_summary(method) -> dict:
                        for name, store in stores.items() if len(store)}}
 
 
-def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: logging.Logger | None = None) -> dict:
+def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: logging.Logger | None = None,
+              checkpoint_every: float = 0.0) -> dict:
+    """``checkpoint_every``: seconds between two writes of ``resume.pt`` (0: after every round;
+    :func:`fedrepro.fl.engine.run_rounds`); the ``train`` command's default is a minute."""
     log = log or logging.getLogger("fedrepro.train")
     out_dir, checkpoint_dir = Path(out_dir), Path(checkpoint_dir)
-    started = time.time()
+    started, startup = time.time(), process_age()      # what the process spent before this (interpreter, imports)
+    phases = Phases()
     states = Path(paths.client_states(checkpoint_dir))
     # what a killed attempt left half-written (.model.pt.<random>.tmp, ...): this job owns these folders
     for leftover in clear_temporaries(out_dir, checkpoint_dir, *(p for p in states.glob("*") if p.is_dir())):
@@ -239,46 +244,53 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     device = resolve_device(run["device"])
     # torch's optimizers import torch._dynamo on first construction (seconds on a CPU): load it before the
     # timed rounds, so that round 1's train_s (FAA-CLIP Table II's time column) measures training only
-    importlib.import_module("torch._dynamo")
+    with phases("imports"):
+        importlib.import_module("torch._dynamo")
 
     # execution settings are resolved here, on the job's hardware, and recorded in the run manifest:
     # loader workers from the job's CPUs (results do not depend on them), precision from the device
     workers = resolve_workers(run["train"]["num_workers"])
     compute = Compute.for_run(run["train"], device)
     run = {**run, "train": {**run["train"], "num_workers": workers, "precision": compute.precision}}
-    weights = require_weights(weight_specs(run["train"]["model"]))   # before any data is read
-    # a run that cannot fit says so before it starts (fedrepro.fl.memory; FEDREPRO_MEMORY_CHECK=warn|off)
-    clients = clients_of_file(run["paths"]["split"]) or 1
-    needed = estimate_memory(run, clients, device, workers if run["input"] != "features" else 0)
-    for line in needed.lines():
-        log.info("%s", line)
-    check_fits(needed, log)
-    algorithm = method_class(run["algorithm"]["name"])
-    split_file = read_split_file(run["paths"]["split"])
-    test_data = describe_test_use(run, algorithm.reads_target(run["algorithm"]["params"]), Split.from_json(split_file))
-    fed, hashes = load_federation(run, split_file)
-    hashes["weights"] = weights
-    ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log, state_dir=states)
+    with phases("inputs"):
+        weights = require_weights(weight_specs(run["train"]["model"]))   # before any data is read
+        # a run that cannot fit says so before it starts (fedrepro.fl.memory; FEDREPRO_MEMORY_CHECK=warn|off)
+        clients = clients_of_file(run["paths"]["split"]) or 1
+        needed = estimate_memory(run, clients, device, workers if run["input"] != "features" else 0)
+        for line in needed.lines():
+            log.info("%s", line)
+        check_fits(needed, log)
+        algorithm = method_class(run["algorithm"]["name"])
+        split_file = read_split_file(run["paths"]["split"])
+        test_data = describe_test_use(run, algorithm.reads_target(run["algorithm"]["params"]), Split.from_json(split_file))
+        fed, hashes = load_federation(run, split_file)
+        hashes["weights"] = weights
+    ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log, state_dir=states,
+                        phases=phases)
     method = algorithm(ctx)
     resume = checkpoint_dir / "resume.pt"
     with loader_pool(federation_datasets(fed), workers if run["input"] != "features" else 0,
                      pin_memory=device.type == "cuda"):
-        result = run_rounds(method, fed, run, resume, log)
+        result = run_rounds(method, fed, run, resume, log, checkpoint_every)
 
-    summary = summarise(result.history, run, len(method.participants())) | {"test_data": test_data}
-    chosen = resolve_rule(run["train"]["selection"]["rule"], run["protocol"])
-    write_csv(out_dir / "history.csv", result.history)
-    save_predictions(out_dir / "predictions.npz", result.predictions, chosen)
-    torch_save(checkpoint_dir / "model.pt", {"config_hash": run["config_hash"], "model": method.final_model()})
-    execution = {"precision": method.compute.precision, "channels_last": method.compute.channels_last,
-                 "num_workers": workers, "client_state": client_state_summary(method),
-                 "memory_estimate": needed.to_json(), "peak_rss_bytes": peak_rss()}
-    variant = run_variant(run, precision=method.compute.precision, dataset_options=dataset(run["dataset"]).options,
-                          split_file=split_file, class_texts=fed.class_names)
-    write_json(out_dir / "run_manifest.json", run_manifest(
-        run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
-        timings={"wall_s": time.time() - started, "train_s": float(result.history["train_s"].sum())},
-        resumed_from=result.resumed_from, test_data=test_data, variant=variant, plugins=run_plugins(run)))
+    with phases("outputs"):
+        summary = summarise(result.history, run, len(method.participants())) | {"test_data": test_data}
+        chosen = resolve_rule(run["train"]["selection"]["rule"], run["protocol"])
+        write_csv(out_dir / "history.csv", result.history)
+        save_predictions(out_dir / "predictions.npz", result.predictions, chosen)
+        torch_save(checkpoint_dir / "model.pt", {"config_hash": run["config_hash"], "model": method.final_model()})
+        execution = {"precision": method.compute.precision, "channels_last": method.compute.channels_last,
+                     "num_workers": workers, "client_state": client_state_summary(method),
+                     "memory_estimate": needed.to_json(), "peak_rss_bytes": peak_rss()}
+        variant = run_variant(run, precision=method.compute.precision, dataset_options=dataset(run["dataset"]).options,
+                              split_file=split_file, class_texts=fed.class_names)
+    # start-up: before this function (None off Linux); phases: exclusive seconds of what this function did
+    timings = {"wall_s": time.time() - started, "train_s": float(result.history["train_s"].sum()),
+               "startup_s": startup, "phases": phases.to_json()}
+    manifest = run_manifest(run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
+                            timings=timings, resumed_from=result.resumed_from, test_data=test_data, variant=variant,
+                            plugins=run_plugins(run))
+    write_json(out_dir / "run_manifest.json", manifest)
     write_json(out_dir / "metrics.json", summary)  # last: its presence means the run is complete
     resume.unlink(missing_ok=True)
     shutil.rmtree(states, ignore_errors=True)

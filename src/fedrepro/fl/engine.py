@@ -1,8 +1,8 @@
 """The round loop. It knows no method: broadcast -> local updates (clients in sorted order) ->
 aggregate -> evaluate -> log -> checkpoint, until the configured number of rounds.
 
-Resume: after every round the method state, the history and the tracked predictions go to
-``resume.pt`` (atomic write); per-client state kept on disk (:mod:`fedrepro.fl.client_state`) is
+Resume: after a round (every round, or once ``checkpoint_every`` seconds have passed since the last write, and after
+the last round) the method state, the history and the tracked predictions go to ``resume.pt`` (atomic write); per-client state kept on disk (:mod:`fedrepro.fl.client_state`) is
 referenced from it by file name, and only the files of clients whose state changed are written. A job that is killed and started again continues after the last
 finished round; since every random stream is keyed by (seed, purpose, round, client), the resumed
 run produces the same numbers as an uninterrupted one. A ``resume.pt`` that cannot be read or whose bytes changed
@@ -39,7 +39,10 @@ class RunResult:
 
 
 def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: Path,
-               log: logging.Logger | None = None) -> RunResult:
+               log: logging.Logger | None = None, checkpoint_every: float = 0.0) -> RunResult:
+    """``checkpoint_every``: seconds of work a kill may cost at most; ``resume.pt`` is written after a round once that
+    long has passed since the last write, and after the last round (0: after every round). Resuming gives the same
+    numbers from any round, so the cadence trades only repeated work against the time of writing the state."""
     log = log or logging.getLogger("fedrepro.train")
     train = run["train"]
     rounds, eval_every, seed = train["rounds"], train["eval_every"], run["seed"]
@@ -48,7 +51,9 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
     history: list[dict] = []
     start, resumed_from = 0, None
 
-    method.setup()
+    phases = method.ctx.phases
+    with phases("model build"):
+        method.setup()
     state = read_checkpoint(checkpoint, log) if checkpoint.exists() else None
     if state is not None and state.get("config_hash") == run["config_hash"]:
         try:
@@ -69,6 +74,7 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
                         checkpoint, state.get("config_hash"), run["config_hash"])
 
     tag = f"{run['paper']}/{run['setting']}/{run['method']}/seed{seed}"
+    last_written = _clock()
     for rnd in range(start, rounds):
         t0 = time.perf_counter()
         method.start_round(rnd)
@@ -77,11 +83,13 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
         for client in method.participants():
             seed_global(seed, "local", rnd, client.index)
             method.ctx.comm.record(rnd, "down", message)
-            update = method.local_update(client, message, rnd)
+            with phases("local training"):
+                update = method.local_update(client, message, rnd)
             method.ctx.comm.record(rnd, "up", update.payload)
             updates.append(update)
         seed_global(seed, "server", rnd)
-        method.aggregate(updates, rnd)
+        with phases("aggregation"):
+            method.aggregate(updates, rnd)
         train_s = time.perf_counter() - t0
 
         row = {"round": rnd + 1, "train_s": train_s, **method.ctx.comm.round_totals(rnd)}
@@ -90,7 +98,7 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
         row["loss"] = float(np.average(losses, weights=weights)) if weights.sum() and not np.isnan(losses).all() else float("nan")
         if (rnd + 1) % eval_every == 0 or rnd + 1 == rounds:
             t1 = time.perf_counter()
-            with method.autocast():
+            with phases("evaluation"), method.autocast():
                 metrics, preds = method.evaluate(fed)
             row["eval_s"] = time.perf_counter() - t1
             row.update(metrics)
@@ -100,13 +108,20 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
                  tag, rnd + 1, rounds, row["loss"], _fmt(row.get("global/acc")), _fmt(row.get("val_mean/acc")),
                  train_s, (row["down_bytes"] + row["up_bytes"]) / 1e6)
         # after the last round too: a job killed while writing its outputs redoes no round
-        torch_save(checkpoint, {
-            "config_hash": run["config_hash"], "next_round": rnd + 1, "history": history,
-            "method": method.state_dict(), "comm": method.ctx.comm.state_dict(), "tracker": tracker.state_dict(),
-        })
-        method.checkpoint_committed()         # per-client state files the checkpoint no longer names go
+        if rnd + 1 < rounds and _clock() - last_written < checkpoint_every:
+            continue
+        with phases("checkpoint"):
+            torch_save(checkpoint, {
+                "config_hash": run["config_hash"], "next_round": rnd + 1, "history": history,
+                "method": method.state_dict(), "comm": method.ctx.comm.state_dict(), "tracker": tracker.state_dict(),
+            })
+            method.checkpoint_committed()         # per-client state files the checkpoint no longer names go
+        last_written = _clock()
 
     return RunResult(pd.DataFrame(history), tracker.predictions, method.ctx.comm.state_dict(), resumed_from)
+
+
+_clock = time.monotonic          # the checkpoint cadence's clock (a test replaces it)
 
 
 CHECKPOINT_KEYS = ("config_hash", "next_round", "history", "method", "comm", "tracker")

@@ -31,6 +31,7 @@ from ..data.loader import batches
 from ..device import Compute, backward_step
 from ..models.families import ModelFamily, Output, build_family
 from ..seeding import seed_global
+from ..timing import Phases
 from .client_state import ClientStates, check_committed
 from .comm import CommLedger
 from .evaluation import evaluate
@@ -54,6 +55,7 @@ class MethodContext:
     comm: CommLedger
     log: logging.Logger
     state_dir: Path | None = None   # where per-client state may be kept between turns (paths.client_states)
+    phases: Phases = field(default_factory=Phases)   # where the job's time goes (a method times its own extra passes)
 
     @property
     def seed(self) -> int:

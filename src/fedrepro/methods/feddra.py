@@ -449,7 +449,8 @@ class FedDRA(ModelAveraging):
         self.refresh_anchor(rnd)
         dro = self.params["dro"]
         if dro["enabled"] and self.turn_ends(rnd):
-            risks = np.array([self.client_risk(c) for c in self.fed.clients])
+            with self.ctx.phases("client risks"):
+                risks = np.array([self.client_risk(c) for c in self.fed.clients])
             self.ctx.comm.record(rnd, "up", torch.as_tensor(risks, dtype=torch.float32))   # one scalar per client
             self.lam = dro_update(self.training_lambda(), risks, dro["step_size"], dro["radius"])
             self.last_risks = risks

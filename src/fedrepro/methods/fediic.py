@@ -278,7 +278,8 @@ class FedIIC(ModelAveraging):
         loss sums and counts; the server divides the totals."""
         sums, counts = [], []
         for client in self.participants():
-            s, n = self.client_class_losses(client, rnd)
+            with self.ctx.phases("difficulty pass"):
+                s, n = self.client_class_losses(client, rnd)
             self.ctx.comm.record(rnd, "up", {"loss_sums": s, "counts": n})
             sums.append(s)
             counts.append(n)
