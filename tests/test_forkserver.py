@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from fedrepro.data.manifest import write_manifest
 
@@ -62,3 +63,22 @@ def test_unreachable_server_falls_back_to_running_locally(tmp_path):
                   "--out", str(tmp_path / "s.json")], env)
     assert result.returncode == 0, result.stderr
     assert len(json.loads((tmp_path / "s.json").read_text())["clients"]) == 2
+
+
+def test_main_called_in_a_process_returns_after_a_served_command(tmp_path, forkserver, monkeypatch):
+    """A script that calls ``fedrepro.cli.main`` for several commands (benchmarks/facmic_cache.py) goes on after each
+    one the server ran (it used to be ended by SystemExit(0) after the first), and stops on a failing one."""
+    from fedrepro.cli import main
+
+    manifest = pd.DataFrame({"path": ["a.png", "b.png"], "label": [0, 1], "class_name": ["c0", "c1"], "source": "", "split": ""})
+    write_manifest(tmp_path / "m.csv", manifest)
+    monkeypatch.setenv("FEDREPRO_FORKSERVER", str(forkserver))
+    args = ["split", "--dataset", "demo_digits", "--manifest", str(tmp_path / "m.csv"), "--spec",
+            json.dumps({"kind": "iid", "clients": 2, "ratios": {"train": 1.0}}), "--seed", "0"]
+    for name in ("first", "second"):
+        assert main([*args, "--out", str(tmp_path / f"{name}.json")]) is None
+    assert (tmp_path / "first.json").exists() and (tmp_path / "second.json").exists()
+    bad = [*args[:-2], "--seed", "0", "--spec", json.dumps({"kind": "nope", "clients": 2}), "--out", str(tmp_path / "bad.json")]
+    with pytest.raises(SystemExit) as stopped:
+        main(bad)
+    assert stopped.value.code == 1

@@ -380,8 +380,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if os.environ.get(ENV_VAR):  # a warm fork-server runs the command (see fedrepro.forkserver)
         code = run_via_server(argv)
-        if code is not None:
+        if code:
             raise SystemExit(code)
+        if code == 0:
+            return       # done there; a caller in this process (a benchmark calling main()) goes on, as after a run here
     args = build_parser().parse_args(argv)
     run(args)
 
