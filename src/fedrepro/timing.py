@@ -15,27 +15,33 @@ from typing import Iterator
 
 
 class Phases:
-    """Seconds per named phase, each counted once (nested phases are subtracted from the phase around them)."""
+    """Seconds per named phase, each counted once (nested phases are subtracted from the phase around them): wall
+    time, and this process's CPU time (user + system, all its threads), which a machine shared with other jobs
+    inflates far less than the wall time."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self._nested: list[float] = []       # per open phase: the seconds its nested phases took
+        self.cpu_seconds: dict[str, float] = {}
+        self._nested: list[list[float]] = []       # per open phase: the [wall, cpu] seconds of its nested phases
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        self._nested.append(0.0)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        self._nested.append([0.0, 0.0])
         try:
             yield
         finally:
-            took = time.perf_counter() - start
-            nested = self._nested.pop()
+            took, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+            nested, nested_cpu = self._nested.pop()
             self.seconds[name] = self.seconds.get(name, 0.0) + took - nested
+            self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + cpu - nested_cpu
             if self._nested:
-                self._nested[-1] += took
+                self._nested[-1][0] += took
+                self._nested[-1][1] += cpu
 
-    def to_json(self) -> dict[str, float]:
-        return {name: round(seconds, 4) for name, seconds in self.seconds.items()}
+    def to_json(self) -> dict[str, dict[str, float]]:
+        return {name: {"wall_s": round(self.seconds[name], 4), "cpu_s": round(self.cpu_seconds[name], 4)}
+                for name in self.seconds}
 
 
 def process_age() -> float | None:

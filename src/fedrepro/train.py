@@ -284,8 +284,9 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
                      "memory_estimate": needed.to_json(), "peak_rss_bytes": peak_rss()}
         variant = run_variant(run, precision=method.compute.precision, dataset_options=dataset(run["dataset"]).options,
                               split_file=split_file, class_texts=fed.class_names)
-    # start-up: before this function (None off Linux); phases: exclusive seconds of what this function did
-    timings = {"wall_s": time.time() - started, "train_s": float(result.history["train_s"].sum()),
+    # start-up: before this function (None off Linux); cpu_s: the process's CPU time, start-up included; phases:
+    # exclusive wall and CPU seconds of what this function did
+    timings = {"wall_s": time.time() - started, "cpu_s": time.process_time(), "train_s": float(result.history["train_s"].sum()),
                "startup_s": startup, "phases": phases.to_json()}
     manifest = run_manifest(run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
                             timings=timings, resumed_from=result.resumed_from, test_data=test_data, variant=variant,
