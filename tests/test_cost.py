@@ -1,4 +1,4 @@
-"""What a run, a table and the grid cost from a throughput table (fedrepro.throughput, fedrepro.cost), what each
+"""What a run, a table and the grid cost from a throughput table (fedrepro.cost: throughput, runtime), what each
 SLURM job asks for, and the commands that print it (`fedrepro estimate <target>`, benchmarks/gpu_hours.py).
 
 Every number here comes from tests/data/throughput/fixture-gpu.csv: a HAND-WRITTEN table of round numbers, not a
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from fedrepro import cost, throughput
-from fedrepro.throughput import COLUMNS, ThroughputError
+from fedrepro.cost import runtime as cost
+from fedrepro.cost import throughput
+from fedrepro.cost.throughput import COLUMNS, ThroughputError
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests/data/throughput/fixture-gpu.csv"
@@ -198,7 +199,7 @@ def test_what_the_table_or_the_data_lack_is_named_not_guessed(project, tmp_path,
 # ---- what a job asks SLURM for -------------------------------------------------------------------------
 
 def test_the_train_request_follows_the_measured_rates_with_its_margin(project, table, tmp_path):
-    from fedrepro.fl.memory import CUDA_CONTEXT, MiB, planned
+    from fedrepro.cost.memory import CUDA_CONTEXT, MiB, planned
 
     key = project.resolver.run_key("facmic", "sc_a0.3", "moon", 0)
     est = planned(project, key, workers=7)
@@ -271,7 +272,7 @@ def test_gpu_hours_per_paper_and_per_table(table):
     out = proc.stdout
     assert "Fixture GPU (hand-written for the tests, not measured)" in out
     keys = [k for k in project.plan.runs() if k.paper == "fedadapterproto"]
-    from fedrepro.fl.memory import model_profile
+    from fedrepro.cost.memory import model_profile
 
     costs = {k: cost.run_cost(project, k, table, profile=model_profile(project.resolver.run_config(k))) for k in keys}
     ours = sum(c.ours_s for c in costs.values()) / 3600

@@ -375,7 +375,7 @@ def test_missing_kaggle_token_gives_placement_instructions(tmp_path):
 def test_kaggle_secret_never_leaks(server, tmp_path, monkeypatch, caplog):
     secret = "s3cr3t-kaggle-key-0123456789"
     server.denied.add("/api/v1/datasets/download/nodoubttome/skin-cancer9-classesisic")
-    monkeypatch.setattr(download, "KAGGLE_API", server.url + "/api/v1")
+    monkeypatch.setattr(download.transfer, "KAGGLE_API", server.url + "/api/v1")
     caplog.set_level(logging.DEBUG)
     env = {"KAGGLE_USERNAME": "someone", "KAGGLE_KEY": secret}
     with pytest.raises(ManualStepRequired, match="Kaggle refused the download") as err:

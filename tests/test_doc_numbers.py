@@ -73,8 +73,8 @@ def test_the_scale_table_counts_the_plan_at_five_seeds():
 
 def rules_of_the_workflow() -> dict[str, dict]:
     """Every rule of workflow/rules/*.smk: local or not, its group, threads and per-attempt base resources (a runtime
-    from a GPU's measured rate: the value it asks for without one, fedrepro.cost.FALLBACK_RUNTIME)."""
-    from fedrepro.cost import FALLBACK_RUNTIME
+    from a GPU's measured rate: the value it asks for without one, fedrepro.cost.runtime.FALLBACK_RUNTIME)."""
+    from fedrepro.cost.runtime import FALLBACK_RUNTIME
 
     rules, local = {}, set()
     for smk in sorted((REPO / "workflow/rules").glob("*.smk")):

@@ -1,4 +1,4 @@
-"""Differentiable Siamese Augmentation as CReFF's code applies it (fedrepro.methods.dsa): the group
+"""Differentiable Siamese Augmentation as CReFF's code applies it (fedrepro.methods._common.dsa): the group
 chosen from the seed, each function's parameters drawn after reseeding with seed + 1, + 2, ... (as
 the code reseeds torch), every image of the batch transformed alike, hand-computed outputs."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedrepro.methods.dsa import STRATEGY, DSAParams, diff_augment
+from fedrepro.methods._common.dsa import STRATEGY, DSAParams, diff_augment
 
 GROUP_OF_SEED = {"cutout": 0, "crop": 1, "color": 2, "scale": 3, "rotate": 5, "flip": 7}   # torch.randint(0, 6) after manual_seed
 

@@ -306,7 +306,7 @@ def test_every_baseline_takes_a_local_step(demo_project):
 def test_fedu_fedema_divergence_code_and_paper_readings(demo_project):
     """code: the mean per-layer distance the client's online image encoder moved in its last local
     training; paper: ||W_g - W_k|| between the received global encoder and the client's own."""
-    from fedrepro.methods.selfsup import encoder_layers
+    from fedrepro.methods._common.selfsup import encoder_layers
     from fedrepro.seeding import seed_global
 
     for reading in ("code", "paper"):
@@ -351,8 +351,8 @@ def test_fedema_fedu_ldawa_rules_by_hand():
 
 
 def test_ssl_losses_by_hand():
+    from fedrepro.methods._common.selfsup import byol_loss, nt_xent, relational_loss
     from fedrepro.methods.fedx import fedx_losses
-    from fedrepro.methods.selfsup import byol_loss, nt_xent, relational_loss
 
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     assert float(byol_loss(x, x)) == pytest.approx(0.0, abs=1e-6)

@@ -26,6 +26,7 @@ from fedrepro.data.splitters.fediic import (
     group_sizes,
     split_creff,
 )
+from fedrepro.methods._common.imbalance import logit_adjusted_cross_entropy
 from fedrepro.methods.climb import climb_dual_step, climb_weights
 from fedrepro.methods.creff import classifier_gradients, gradient_distance
 from fedrepro.methods.fediic import (
@@ -46,7 +47,6 @@ from fedrepro.methods.fedproc import (
     weighted_prototypes,
 )
 from fedrepro.methods.fedrs import class_scale, restricted_scores
-from fedrepro.methods.imbalance import logit_adjusted_cross_entropy
 from fedrepro.methods.prr_imb import (
     cpa_loss,
     det_stage,
@@ -791,7 +791,7 @@ def test_passes_over_training_images_draw_an_augmentation_per_image():
     from PIL import Image
 
     from fedrepro.device import Compute
-    from fedrepro.methods.imbalance import fixed_randomness, outputs_over
+    from fedrepro.methods._common.imbalance import fixed_randomness, outputs_over
 
     family = _family(views=1)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))

@@ -1,4 +1,4 @@
-"""The memory estimate (fedrepro.fl.memory): its parts follow the config, it bounds the peak RSS that
+"""The memory estimate (fedrepro.cost.memory): its parts follow the config, it bounds the peak RSS that
 small runs really reach, and a run whose estimate exceeds what its job has is refused before it starts."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from fedrepro.fl.memory import (
+from fedrepro.cost.memory import (
     GiB,
     InsufficientMemory,
     MiB,
@@ -168,6 +168,6 @@ def test_cli_prints_the_estimate():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_limit_is_the_devices_memory():
-    from fedrepro.fl.memory import gpu_limit
+    from fedrepro.cost.memory import gpu_limit
 
     assert gpu_limit() == torch.cuda.get_device_properties(0).total_memory

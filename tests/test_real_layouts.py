@@ -115,7 +115,7 @@ def test_download_prepare_split_on_the_real_layout(name, tmp_path, monkeypatch, 
 
 def physionet(server, monkeypatch, raw: Path, reports_root: str = "files") -> None:
     """Serve what the MIMIC fixture placed in downloads/ as PhysioNet serves it; keep only the image tree."""
-    monkeypatch.setattr(download, "PHYSIONET_FILES", server.url + "/files")
+    monkeypatch.setattr(download.transfer, "PHYSIONET_FILES", server.url + "/files")
     real_layouts.mimic_cxr_files(raw, reports_root)
     for source in dataset("mimic_cxr").sources:
         if source.filename:
@@ -192,7 +192,7 @@ def test_covidx_download_pins_kaggle_version_6(server, monkeypatch, tmp_path):
     archive = raw / "covidx" / "downloads" / "covidx-cxr2-v6.zip"
     server.files["/api/v1/datasets/download/andyczhao/covidx-cxr2"] = archive.read_bytes()
     archive.unlink()
-    monkeypatch.setattr(download, "KAGGLE_API", server.url + "/api/v1")
+    monkeypatch.setattr(download.transfer, "KAGGLE_API", server.url + "/api/v1")
     download.download_dataset(dataset("covidx"), raw, env={"KAGGLE_USERNAME": "u", "KAGGLE_KEY": "k"})
     assert server.seen[0]["path"] == "/api/v1/datasets/download/andyczhao/covidx-cxr2?datasetVersionNumber=6"
     assert prepare_dataset(dataset("covidx"), raw)["class_name"].nunique() == 3
@@ -225,10 +225,10 @@ def test_ich_archive_with_its_top_folder_completes_and_is_never_unpacked_twice(t
     assert (base / "stage_2_train.csv").is_file() and (base / ".complete").exists()
     assert not (base / "rsna-intracranial-hemorrhage-detection").exists()      # the top folder is stripped
     hashed = []
-    monkeypatch.setattr(download, "sha256_file", lambda path, *a: hashed.append(path) or "0" * 64)
+    monkeypatch.setattr(download.archives, "sha256_file", lambda path, *a: hashed.append(path) or "0" * 64)
     written = []
     real_extract = download.extract
-    monkeypatch.setattr(download, "extract", lambda *a, **k: written.append(real_extract(*a, **k)) or written[-1])
+    monkeypatch.setattr(download.archives, "extract", lambda *a, **k: written.append(real_extract(*a, **k)) or written[-1])
     # a rerun (the marker gone): nothing hashed, nothing unpacked
     (base / ".complete").unlink()
     download.download_dataset(dataset("rsna_ich"), raw, env=NO_CREDENTIALS)
@@ -288,7 +288,7 @@ def test_a_tree_unpacked_by_hand_with_its_top_folder_is_never_unpacked_again(tmp
     gone = sorted(p for p in tree.rglob("*") if p.is_file())[::2]
     for p in gone:
         p.unlink()
-    monkeypatch.setattr(download, "free_bytes", lambda path: 10)
+    monkeypatch.setattr(download.base, "free_bytes", lambda path: 10)
     with pytest.raises(NotEnoughSpace) as err:
         download.download_dataset(dataset(name), raw, env=NO_CREDENTIALS)
     kept = len(stamps) - len(gone)
@@ -366,7 +366,7 @@ def test_hyperkvasir_warns_where_its_label_table_and_folders_disagree_and_keeps_
 def test_unpacking_refuses_what_the_disk_cannot_hold(tmp_path, monkeypatch):
     raw = tmp_path / "raw"
     real_layouts.rsna_ich(raw)
-    monkeypatch.setattr(download, "free_bytes", lambda path: 1000)
+    monkeypatch.setattr(download.base, "free_bytes", lambda path: 1000)
     with pytest.raises(NotEnoughSpace) as err:
         download.download_dataset(dataset("rsna_ich"), raw, env=NO_CREDENTIALS)
     needed = sum(len(real_layouts.ich_slice(tmp_path / "s.dcm", t)) for *_, t in real_layouts.ICH_IMAGES)
@@ -383,11 +383,11 @@ def test_kaggle_and_physionet_downloads_resume(server, monkeypatch, tmp_path, ki
     the file changed on the server."""
     big = np.random.default_rng(0).bytes(3 << 20)
     if kind == "kaggle":
-        monkeypatch.setattr(download, "KAGGLE_API", server.url + "/api/v1")
+        monkeypatch.setattr(download.transfer, "KAGGLE_API", server.url + "/api/v1")
         server.redirects["/api/v1/datasets/download/andyczhao/covidx-cxr2"] = "/storage/covidx.zip"
         served, spec, env = "/storage/covidx.zip", dataset("covidx"), {"KAGGLE_USERNAME": "u", "KAGGLE_KEY": "k"}
     else:
-        monkeypatch.setattr(download, "PHYSIONET_FILES", server.url + "/files")
+        monkeypatch.setattr(download.transfer, "PHYSIONET_FILES", server.url + "/files")
         served, spec = "/files/mimic-cxr/2.0.0/mimic-cxr-reports.zip", dataset("mimic_cxr")
         env = {"PHYSIONET_USERNAME": "u", "PHYSIONET_PASSWORD": "p"}
     source = next(s for s in spec.sources if s.extract and s.filename)

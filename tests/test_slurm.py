@@ -114,9 +114,10 @@ def test_runtime_and_gpu_memory_follow_the_profiles_gpu_table(tmp_path, monkeypa
     """Without a throughput table of the profile's GPU the rules ask for the unmeasured guesses; with one
     (tests/data/throughput/fixture-gpu.csv, hand-written) each train job asks for what fedrepro.cost derives
     from its rates, and a retry for twice the time."""
-    from fedrepro import cost, throughput
     from fedrepro.config import load_project
-    from fedrepro.fl.memory import planned
+    from fedrepro.cost import runtime as cost
+    from fedrepro.cost import throughput
+    from fedrepro.cost.memory import planned
 
     repo = copy_repo(tmp_path / "repo")
     env = tool_env(repo, tmp_path / "home")

@@ -261,15 +261,17 @@ def cmd_weights(args) -> None:
 
 
 def cmd_estimate(args) -> None:
-    from . import cost, estimate
+    from . import dag
     from .config import ConfigError, load_project
-    from .fl.memory import fmt, planned
-    from .throughput import choose
+    from .cost import estimate
+    from .cost import runtime as cost
+    from .cost.memory import fmt, planned
+    from .cost.throughput import choose
 
     project = load_project(args.configfile or None)
     authors = cost.AuthorsWay(args.authors_loader_cores, args.decode_img_s)
     if args.paper and not args.setting and (args.paper == "all" or "/" in args.paper or "." in args.paper):
-        target = estimate.resolve(project, args.paper)          # a file snakemake builds, or all
+        target = dag.Dag(project).target(args.paper)          # a file snakemake builds, or all
         table, why = choose(args.throughput, args.gpu)
         print("\n".join(estimate.summary(project, target, table, why, authors)))
         return
@@ -545,16 +547,16 @@ def run(args) -> None:
 
         force_offline()
     from .config import ConfigError
+    from .cost.memory import InsufficientMemory
+    from .cost.throughput import ThroughputError
     from .data.download import DownloadError
     from .data.image_cache import StaleImageCache
     from .data.images import CorruptImageError
     from .data.manifest import ManifestError
     from .data.partition import SplitError
-    from .fl.memory import InsufficientMemory
     from .io import BrokenFile, DiskFull, StaleInput
     from .models.weights import WeightsError
     from .registry import PluginError, UnknownName
-    from .throughput import ThroughputError
 
     try:
         args.fn(args)

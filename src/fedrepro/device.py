@@ -245,7 +245,7 @@ def full_precision(fn):
     def wrapper(*args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device_type = tensors[0].device.type if tensors else "cpu"
-        if device_type not in AUTOCAST_DEVICES:        # e.g. "meta" (fedrepro.fl.memory builds models there)
+        if device_type not in AUTOCAST_DEVICES:        # e.g. "meta" (fedrepro.cost.memory builds models there)
             return fn(*args, **kwargs)
         if not torch.is_autocast_enabled(device_type) and all(t.dtype not in HALF for t in tensors):
             return fn(*args, **kwargs)

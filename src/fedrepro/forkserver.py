@@ -51,7 +51,7 @@ def preload() -> None:
     _SITE["pth"] = _pth_files()
 
     for optional in ("torchvision", "timm", "open_clip", "transformers", "sklearn.manifold", "scipy.stats",
-                     "transformers.models.bert.modeling_bert", "fedrepro.fl.memory"):
+                     "transformers.models.bert.modeling_bert", "fedrepro.cost.memory"):
         try:
             __import__(optional)
         except ImportError:

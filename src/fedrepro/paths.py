@@ -15,9 +15,9 @@ never overwrite each other either, and runs at the authors' numerics keep the pa
     resources/weights/<weights id>/                       pretrained weights, fetched once (+ weights.json:
                                                           every file's SHA-256, the source and its revision;
                                                           .fetch.json: when, with which library versions)
-    resources/model_profiles/<key>.json                   a model's memory figures (a cache, fedrepro.fl.memory)
+    resources/model_profiles/<key>.json                   a model's memory figures (a cache, fedrepro.cost.memory)
     resources/folder_checks/<dataset>.json                what the check of a folder dataset's files found (a cache)
-    benchmarks/gpu/<device>.csv                           a GPU's measured throughput table (fedrepro.throughput)
+    benchmarks/gpu/<device>.csv                           a GPU's measured throughput table (fedrepro.cost.throughput)
     benchmarks/dataset_sizes.csv                          images per dataset where no split file is there (assumptions)
     results/runs/<protocol>/<paper>/<setting>/<method>/seed<k>/{metrics.json, history.csv,
                                                           predictions.npz, run_manifest.json}
@@ -136,7 +136,7 @@ def folder_check(dataset: str) -> str:
 
 
 def model_profile(key: str) -> str:
-    """A model's and method's memory figures, computed once on the meta device (fedrepro.fl.memory)."""
+    """A model's and method's memory figures, computed once on the meta device (fedrepro.cost.memory)."""
     return f"resources/model_profiles/{key}.json"
 
 
@@ -151,7 +151,7 @@ def throughput_dir() -> str:
 
 
 def throughput_table(device_slug: str) -> str:
-    """One GPU's throughput table (:func:`fedrepro.throughput.slug` of its device name)."""
+    """One GPU's throughput table (:func:`fedrepro.cost.throughput.slug` of its device name)."""
     return f"{THROUGHPUT_DIR}/{device_slug}.csv"
 
 

@@ -212,7 +212,7 @@ REGISTRIES: list[Registry] = []   # every registry below, in this order (filled 
 
 METHODS = Registry("method", ("fedrepro.methods",))
 MODELS = Registry("model family", ("fedrepro.models",))
-DATASETS = Registry("dataset", ("fedrepro.data.datasets",))
+DATASETS = Registry("dataset", ("fedrepro.data.datasets", "fedrepro.data.folder"))   # folder: FEDREPRO_DATASETS's
 PREPARERS = Registry("preparer", ("fedrepro.data.prepare", "fedrepro.data.folder", "fedrepro.data.datasets"))
 SPLITTERS = Registry("splitter", ("fedrepro.data.partition", "fedrepro.data.splitters"))
 BUILDERS = Registry("demo-data builder", ("fedrepro.data.demo",))
@@ -345,6 +345,15 @@ def register_weight_source(kind: str) -> Callable:
 _PLUGINS: dict[str, str] = {}      # a plug-in's top-level module -> how it was found (for messages and manifests)
 _IMPORTED: set[str] = set()        # what load_plugins has imported (entry point values, module names)
 _STATE: dict[str, Any] = {"entry_points": False, "datasets": None, "busy": False}
+_DECLARE: dict[str, Callable[[str], Any] | None] = {"datasets": None}   # installed by the layer that declares them
+
+
+def declares_datasets(declare: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Decorator: ``declare(text)`` registers the folder datasets that ``FEDREPRO_DATASETS`` carries to a job.
+    :mod:`fedrepro.data.folder` installs it when it is imported (the ``DATASETS`` registry imports it with its
+    built-ins), so that this module imports nothing above it; :func:`load_plugins` calls it."""
+    _DECLARE["datasets"] = declare
+    return declare
 
 
 def describe_plugin(origin: str) -> str:
@@ -355,7 +364,8 @@ def describe_plugin(origin: str) -> str:
 def load_plugins(modules=(), where: str | None = None) -> None:
     """Import every plug-in not imported yet: the entry points of group ``fedrepro.plugins`` (looked up once per
     process), the modules of ``FEDREPRO_PLUGINS`` and ``modules`` (``where``: what names them, e.g. ``config:
-    plugins``); then register the folder datasets of ``FEDREPRO_DATASETS`` (:mod:`fedrepro.data.folder`)."""
+    plugins``); then register the folder datasets of ``FEDREPRO_DATASETS`` (through :func:`declares_datasets`, once
+    :mod:`fedrepro.data.folder` is imported: loading the ``DATASETS`` registry imports it)."""
     if _STATE["busy"]:          # a plug-in that asks a registry while it is being imported
         return
     _STATE["busy"] = True
@@ -376,8 +386,8 @@ def load_plugins(modules=(), where: str | None = None) -> None:
         for module, how, fix in named:
             _import_plugin(module, how, fix)
         declared = os.environ.get(DATASETS_ENV) or None
-        if declared and declared != _STATE["datasets"]:
-            importlib.import_module("fedrepro.data.folder").declare_from_environment(declared)
+        if declared and declared != _STATE["datasets"] and _DECLARE["datasets"] is not None:
+            _DECLARE["datasets"](declared)
             _STATE["datasets"] = declared
     finally:
         _STATE["busy"] = False

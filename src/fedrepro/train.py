@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from . import paths
+from .cost.memory import check_fits, clients_of_file
+from .cost.memory import estimate as estimate_memory
 from .data.decode import spec_of
 from .data.image_cache import ImageCache
 from .data.loader import loader_pool, resolve_workers
@@ -43,8 +45,6 @@ from .fl.federation import (
     federation_datasets,
     target_is_test,
 )
-from .fl.memory import check_fits, clients_of_file
-from .fl.memory import estimate as estimate_memory
 from .fl.method import MethodContext
 from .fl.selection import (
     TEST_RULES,
@@ -254,7 +254,7 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     run = {**run, "train": {**run["train"], "num_workers": workers, "precision": compute.precision}}
     with phases("inputs"):
         weights = require_weights(weight_specs(run["train"]["model"]))   # before any data is read
-        # a run that cannot fit says so before it starts (fedrepro.fl.memory; FEDREPRO_MEMORY_CHECK=warn|off)
+        # a run that cannot fit says so before it starts (fedrepro.cost.memory; FEDREPRO_MEMORY_CHECK=warn|off)
         clients = clients_of_file(run["paths"]["split"]) or 1
         needed = estimate_memory(run, clients, device, workers if run["input"] != "features" else 0)
         for line in needed.lines():

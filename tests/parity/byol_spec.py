@@ -21,7 +21,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from fedrepro.methods.selfsup import two_views
+from fedrepro.methods._common.selfsup import two_views
 
 from .vlp_harness import float_state, mean_states
 from .vlp_spec import image_embedding, loaded, train_client

@@ -220,7 +220,7 @@ def train_sizes(fed: Federation) -> list[int]:
 
 def target_batches(run: dict, fed: Federation, client: ClientData, rnd: int) -> Iterator[dict]:
     """The unlabeled target batches the client draws in round ``rnd``, one per local step (plumbing)."""
-    from fedrepro.methods.target_domain import target_stream
+    from fedrepro.methods._common.target_domain import target_stream
 
     return target_stream(fed.reference, run["train"], run["seed"], rnd, client.index)
 

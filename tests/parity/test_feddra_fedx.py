@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro.data.loader import batches
-from fedrepro.methods.selfsup import augment, two_views
+from fedrepro.methods._common.selfsup import augment, two_views
 from fedrepro.seeding import torch_generator
 
 from .harness import assert_close

@@ -11,11 +11,11 @@ rule download:
     """Fetch and verify one dataset's raw files (local: compute nodes often have no internet); a folder dataset
     (your own images and labels CSV) is checked and linked in."""
     input:
-        download_inputs,
+        JOBS.download_inputs,
     output:
         marker=paths.raw_marker("{dataset}", RAW),
     params:
-        raw=lambda wc, output: raw_root(output.marker),
+        raw=lambda wc, output: JOBS.raw_root(output.marker),
     log:
         paths.log("download", "{dataset}"),
     conda:
@@ -41,12 +41,12 @@ rule weights:
 rule prepare:
     """Raw layout -> canonical manifest; every image is decoded once (corrupt ones stop or are listed)."""
     input:
-        prepare_inputs,
+        JOBS.prepare_inputs,
     output:
         manifest=paths.manifest("{dataset}"),
         skipped=paths.manifest_skipped("{dataset}"),
     params:
-        raw=lambda wc, input: raw_root(input[0]),
+        raw=lambda wc, input: JOBS.raw_root(input[0]),
         corrupt=PROJECT.config["data"]["corrupt_images"],
     threads: 4
     resources:
@@ -64,15 +64,15 @@ rule prepare:
 rule split:
     """Manifest + partition spec + split seed -> client index file, count table and picture."""
     input:
-        manifest=lambda wc: paths.manifest(split_of(wc)["dataset"]),
+        manifest=lambda wc: paths.manifest(JOBS.split_of(wc)["dataset"]),
     output:
         split=paths.split("{split}"),
         counts=paths.split("{split}", ".counts.csv"),
         figure=paths.split("{split}", ".png"),
     params:
-        dataset=lambda wc: split_of(wc)["dataset"],
-        spec=lambda wc: json.dumps(split_of(wc)["spec"], sort_keys=True),
-        seed=lambda wc: split_of(wc)["seed"],
+        dataset=lambda wc: JOBS.split_of(wc)["dataset"],
+        spec=lambda wc: json.dumps(JOBS.split_of(wc)["spec"], sort_keys=True),
+        seed=lambda wc: JOBS.split_of(wc)["seed"],
     group:
         "splits"
     resources:
@@ -97,13 +97,13 @@ rule image_cache:
         pixels=paths.image_cache("{dataset}", "{spec}"),
         index=paths.image_cache_index(paths.image_cache("{dataset}", "{spec}")),
     params:
-        raw=lambda wc, input: raw_root(input.raw),
+        raw=lambda wc, input: JOBS.raw_root(input.raw),
     threads: 8
     resources:
         mem_mb=per_attempt(8000),
-        # the measured cache-building rate per process x the threads, with a margin (fedrepro.cost); 240 without
+        # the measured cache-building rate per process x the threads, with a margin (fedrepro.cost.runtime); 240 without
         # a table (a guess)
-        runtime=lambda wc, attempt, threads: attempt * image_cache_request(wc, threads).runtime,
+        runtime=lambda wc, attempt, threads: attempt * JOBS.requests.image_cache_request(wc, threads).runtime,
     log:
         paths.log("image_cache", "{dataset}/{spec}"),
     conda:
@@ -118,24 +118,24 @@ rule features:
     input:
         manifest=rules.prepare.output.manifest,
         raw=rules.download.output.marker,
-        weights=features_weights,
+        weights=JOBS.features_weights,
     output:
         features=paths.features("{dataset}", "{key}"),
     params:
-        raw=lambda wc, input: raw_root(input.raw),
-        encoder=lambda wc: json.dumps(FEATURES[f"{wc.dataset}/{wc.key}"]["encoder"], sort_keys=True),
+        raw=lambda wc, input: JOBS.raw_root(input.raw),
+        encoder=lambda wc: json.dumps(JOBS.feature_job(wc)["encoder"], sort_keys=True),
         device=PROJECT.config["device"],
-        draft=lambda wc: str(FEATURES[f"{wc.dataset}/{wc.key}"]["jpeg_draft"]).lower(),
-        pixels=lambda wc: FEATURES[f"{wc.dataset}/{wc.key}"]["pixels"],
-        class_texts=lambda wc: json.dumps(class_texts(wc.dataset)),   # what the prompts say: a change reruns the job
+        draft=lambda wc: str(JOBS.feature_job(wc)["jpeg_draft"]).lower(),
+        pixels=lambda wc: JOBS.feature_job(wc)["pixels"],
+        class_texts=lambda wc: json.dumps(JOBS.class_texts(wc.dataset)),   # what the prompts say: a change reruns the job
     threads: 8
     resources:
         gpu=1,
         mem_mb=per_attempt(16000),
         # one pass of the encoder over the dataset at its measured rate, decode-bound at the job's workers, with
-        # a margin (fedrepro.cost); without a table 120 minutes and no GPU memory named (guesses)
-        runtime=lambda wc, attempt, threads: attempt * features_request(wc, threads).runtime,
-        gpu_mem_mb=lambda wc, threads: features_request(wc, threads).gpu_mem_mb,
+        # a margin (fedrepro.cost.runtime); without a table 120 minutes and no GPU memory named (guesses)
+        runtime=lambda wc, attempt, threads: attempt * JOBS.requests.features_request(wc, threads).runtime,
+        gpu_mem_mb=lambda wc, threads: JOBS.requests.features_request(wc, threads).gpu_mem_mb,
     log:
         paths.log("features", "{dataset}/{key}"),
     conda:

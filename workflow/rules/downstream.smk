@@ -6,18 +6,18 @@ rule downstream:
     """Load a pre-trained checkpoint, freeze its image encoder, train the task's head on a fraction
     of the downstream training split, and score it on the test split."""
     input:
-        unpack(downstream_inputs),
+        unpack(lambda wc: ancient_model(JOBS.downstream_inputs(wc))),
     output:
         result=paths.downstream(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "{task}"),
     params:
-        job=lambda wc: json.dumps(downstream_job(wc), sort_keys=True),
-        config_hash=lambda wc: downstream_job(wc)["config_hash"],
+        job=lambda wc: json.dumps(JOBS.downstream_job(wc), sort_keys=True),
+        config_hash=lambda wc: JOBS.downstream_job(wc)["config_hash"],
     resources:
         gpu=1,
         # the pre-trained encoder's pass over the downstream images at the measured rate, never below 60 minutes
         # (the heads and decoders it trains are not measured; fedrepro.cost)
-        runtime=lambda wc, attempt: attempt * downstream_request(wc).runtime,
-        gpu_mem_mb=lambda wc: downstream_request(wc).gpu_mem_mb,
+        runtime=lambda wc, attempt: attempt * JOBS.requests.downstream_request(wc).runtime,
+        gpu_mem_mb=lambda wc: JOBS.requests.downstream_request(wc).gpu_mem_mb,
     log:
         paths.log("downstream", "{protocol}/{paper}/{setting}/{method}/seed{seed}/{task}"),
     conda:

@@ -1,6 +1,9 @@
 # Tables, figures and scorecards: they read only small per-run files (and what the embed rule
 # extracted from trained models), each declared by its kind, so they rebuild from `dvc pull`ed files.
-# The report (`snakemake --cores 1 report`) is one page of whatever of them exists.
+# The report (`snakemake --cores 1 report`) is one page of whatever of them exists. The input function of a
+# table, figure, scorecard and the evidence page (JOBS.report_inputs) decides whether it is out of date in a way
+# Snakemake does not see and records that in its out-of-date mark, one of its inputs: the one file planning writes
+# (fedrepro.dag.out_of_date says why it cannot wait for a job).
 
 
 localrules:
@@ -14,14 +17,14 @@ localrules:
 rule embed:
     """Extract once what a figure needs from a trained model (features for t-SNE, prototype patches)."""
     input:
-        unpack(embed_inputs),
+        unpack(lambda wc: ancient_model(JOBS.embed_inputs(wc))),
     output:
         embedding=paths.embedding(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "{figure}"),
     params:
-        job=lambda wc: json.dumps(embed_job(wc), sort_keys=True),
+        job=lambda wc: json.dumps(JOBS.embed_job(wc), sort_keys=True),
     resources:
-        # a CPU job: no GPU's throughput table gives its rate, so this stays an unmeasured guess (fedrepro.cost)
-        runtime=per_attempt(cost.FALLBACK_RUNTIME["embed"]),
+        # a CPU job: no GPU's throughput table gives its rate, so this stays an unmeasured guess (fedrepro.cost.runtime)
+        runtime=per_attempt(FALLBACK_RUNTIME["embed"]),
     log:
         paths.log("embed", "{protocol}/{paper}/{setting}/{method}/seed{seed}/{figure}"),
     conda:
@@ -34,16 +37,13 @@ rule embed:
 rule table:
     """One paper table as CSV, Markdown and LaTeX, with the published values beside ours."""
     input:
-        table_inputs,
+        JOBS.table_inputs,
     output:
-        md=paths.table("{protocol}", "{paper}", "{table}", ".md"),
-        csv=paths.table("{protocol}", "{paper}", "{table}", ".csv"),
-        tex=paths.table("{protocol}", "{paper}", "{table}", ".tex"),
-        seeds=paths.table("{protocol}", "{paper}", "{table}", ".seeds.csv"),
+        **table_outputs("{protocol}", "{paper}", "{table}"),     # md, csv, tex, seeds
     params:
-        definition=table_definition,
-        config=configuration,
-        configfiles=configfiles,
+        definition=JOBS.table_definition,
+        config=JOBS.configuration,
+        configfiles=JOBS.configfiles,
     log:
         paths.log("tables", "{protocol}/{paper}/{table}"),
     conda:
@@ -55,14 +55,13 @@ rule table:
 
 rule figure:
     input:
-        figure_inputs,
+        JOBS.figure_inputs,
     output:
-        png=paths.figure("{protocol}", "{paper}", "{figure}"),
-        pdf=paths.figure("{protocol}", "{paper}", "{figure}", ".pdf"),
+        **figure_outputs("{protocol}", "{paper}", "{figure}"),    # png, pdf
     params:
-        definition=figure_definition,
-        config=configuration,
-        configfiles=configfiles,
+        definition=JOBS.figure_definition,
+        config=JOBS.configuration,
+        configfiles=JOBS.configfiles,
     log:
         paths.log("figures", "{protocol}/{paper}/{figure}"),
     conda:
@@ -76,17 +75,13 @@ rule scorecard:
     """Did each published number reproduce? Every published cell of a paper's tables (or of all papers)
     under every configured protocol: our mean, its 95% interval, the difference and a verdict."""
     input:
-        scorecard_inputs,
+        JOBS.scorecard_inputs,
     output:
-        html=paths.scorecard("{paper}"),
-        md=paths.scorecard("{paper}", ".md"),
-        csv=paths.scorecard("{paper}", ".csv"),
-        png=paths.scorecard("{paper}", ".png"),
-        pdf=paths.scorecard("{paper}", ".pdf"),
+        **scorecard_outputs("{paper}"),     # html, md, csv, png, pdf
     params:
-        definition=scorecard_definition,
-        config=configuration,
-        configfiles=configfiles,
+        definition=JOBS.scorecard_definition,
+        config=JOBS.configuration,
+        configfiles=JOBS.configfiles,
     log:
         paths.log("scorecards", "{paper}"),
     conda:
@@ -100,15 +95,15 @@ rule evidence:
     """Did every run clear the configuration's learning bar (config `evidence`, the demo's)? A page with
     every run's score, one learning-curve figure per paper, and bar.csv."""
     input:
-        evidence_inputs,
+        JOBS.evidence_inputs,
     output:
         html=paths.evidence(),
         md=paths.evidence("index.md"),
         csv=paths.evidence("bar.csv"),
     params:
-        definition=evidence_definition,
-        config=configuration,
-        configfiles=configfiles,
+        definition=JOBS.evidence_definition,
+        config=JOBS.configuration,
+        configfiles=JOBS.configfiles,
     log:
         paths.log("evidence", "index"),
     conda:
@@ -124,13 +119,13 @@ rule report:
     exist now, so Snakemake brings those up to date first and builds nothing that is not there. Not part of
     `all`: run it after (`snakemake --cores 1 report`)."""
     input:
-        overview_inputs,
+        JOBS.overview_inputs,
     output:
         html=report(paths.report(), category="Report", caption="../report/report.rst"),
     params:
-        definition=report_definition,
-        config=configuration,
-        configfiles=configfiles,
+        definition=JOBS.report_definition,
+        config=JOBS.configuration,
+        configfiles=JOBS.configfiles,
     log:
         paths.log("report", "report"),
     conda:

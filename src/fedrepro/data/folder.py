@@ -31,7 +31,7 @@ import pandas as pd
 
 from .. import paths
 from ..io import hash_obj, write_json
-from ..registry import DATASETS, DATASETS_ENV, preparer, register_dataset
+from ..registry import DATASETS, DATASETS_ENV, declares_datasets, preparer, register_dataset
 from .manifest import OFFICIAL_SPLITS, ManifestError, make_manifest
 from .spec import DatasetSpec, Source
 
@@ -92,6 +92,7 @@ def environment(specs: list[DatasetSpec]) -> str:
                                 "title": s.title, "class_text": s.class_text} for s in specs}, sort_keys=True) if specs else ""
 
 
+@declares_datasets
 def declare_from_environment(text: str) -> None:
     """What ``FEDREPRO_DATASETS`` (set by the workflow for its jobs) declares."""
     declare(json.loads(text), where=f"{DATASETS_ENV} (the configuration's datasets, as the workflow passes them on)")

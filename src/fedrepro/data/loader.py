@@ -264,7 +264,7 @@ def batches(dataset, batch_size: int, *, shuffle: bool, generator: torch.Generat
     drawn here after the order (see the module docstring), so augmentations are the same whichever
     process - the job's loader pool, a one-off loader with ``num_workers``, or this one - loads them.
     Without a ``generator`` every item is loaded under seed 0: right for deterministic (evaluation)
-    transforms only; a pass over augmented images passes one (e.g. ``methods.imbalance.outputs_over``),
+    transforms only; a pass over augmented images passes one (e.g. ``methods._common.imbalance.outputs_over``),
     or every image would get the same crop and RandAugment draw."""
     n = len(dataset)
     if n == 0:

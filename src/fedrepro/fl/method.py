@@ -169,7 +169,7 @@ class FederatedMethod(ABC):
 
     def memory_layout(self) -> dict:
         """What the method keeps besides the model it trains, in bytes, for the memory estimate
-        (:mod:`fedrepro.fl.memory`): ``device_models`` = full model copies on the compute device,
+        (:mod:`fedrepro.cost.memory`): ``device_models`` = full model copies on the compute device,
         ``per_client`` = store -> bytes each client keeps between its turns, ``host_extra`` = other host
         copies. Called on an instance whose ``server`` was built on the meta device and whose ``shared``
         keys are set; ``setup`` has not run."""

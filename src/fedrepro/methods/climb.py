@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from ..fl.method import ModelAveraging
 from ..registry import register_method
-from .imbalance import fixed_randomness, outputs_over, split_payload
+from ._common.imbalance import fixed_randomness, outputs_over, split_payload
 
 
 def climb_weights(lambdas: torch.Tensor) -> torch.Tensor:

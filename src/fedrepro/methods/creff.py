@@ -44,8 +44,9 @@ from ..fl.evaluation import dataset_labels
 from ..fl.method import ModelAveraging
 from ..registry import register_method
 from ..seeding import derive_seed, numpy_rng, torch_generator
-from .dsa import diff_augment, strategy_groups
-from .imbalance import fixed_randomness, head_of, split_payload
+from ._common.dsa import diff_augment, strategy_groups
+from ._common.imbalance import fixed_randomness, head_of, split_payload
+from .creff_params import CREFF_PARAMS
 
 
 def classifier_gradients(features: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor,
@@ -67,70 +68,6 @@ def gradient_distance(synthetic: tuple[torch.Tensor, ...], real: tuple[torch.Ten
         cos = (gs * gr).sum(-1) / (gs.norm(dim=-1) * gr.norm(dim=-1) + eps)
         total = total + (1.0 - cos).sum()
     return total
-
-
-CREFF_PARAMS = {
-    "num_features": {
-        "type": "integer",
-        "minimum": 1,
-        "default": 100,
-        "description": "federated features per class (CReFF code)",
-    },
-    "match_epochs": {
-        "type": "integer",
-        "minimum": 0,
-        "default": 100,
-        "description": "gradient-matching steps per round (CReFF code)",
-    },
-    "retrain_epochs": {
-        "type": "integer",
-        "minimum": 0,
-        "default": 300,
-        "description": "classifier re-training epochs per round (CReFF code crt_epoch)",
-    },
-    "lr_features": {
-        "type": "number",
-        "exclusiveMinimum": 0,
-        "default": 0.1,
-        "description": "SGD lr of the federated features",
-    },
-    "lr_classifier": {
-        "type": "number",
-        "exclusiveMinimum": 0,
-        "default": 0.01,
-        "description": "SGD lr of the re-trained classifier (lr_net)",
-    },
-    "batch_real": {
-        "type": "integer",
-        "minimum": 1,
-        "default": 32,
-        "description": "real images per class and repeat for the client gradients",
-    },
-    "gradient_repeats": {
-        "type": "integer",
-        "minimum": 1,
-        "default": 10,
-        "description": "gradient draws averaged per class (CReFF code: 10)",
-    },
-    "dsa_strategy": {
-        "type": "string",
-        "default": "color_crop_cutout_flip_scale_rotate",
-        "description": "Differentiable Siamese Augmentation of the real images before the client gradients "
-                       "(CReFF code: --method DSA, this strategy, single mode: one group per draw); names "
-                       "joined by '_' from color, crop, cutout, flip, scale, rotate; none = the un-augmented "
-                       "images.",
-    },
-    "retrain_batch_size": {
-        "oneOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
-        "default": None,
-        "description": "batch size of the re-training (null = the local batch size, as in the code)",
-    },
-    "evaluate_with": {
-        "enum": ["retrained", "aggregated"],
-        "default": "retrained",
-        "description": "classifier of the evaluated global model: the re-trained one (CReFF) or the FedAvg one",
-    },
-}
 
 
 @register_method("creff", params=CREFF_PARAMS)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..registry import register_method
-from .target_domain import TARGET_PASS_PARAMS, DomainAdaptation
+from ._common.target_domain import TARGET_PASS_PARAMS, DomainAdaptation
 
 
 class GradientReversal(torch.autograd.Function):

@@ -7,7 +7,7 @@ with two losses:
 - contrastive (eq. 4): S_{jj'} = cos(a(I_j) ⊙ I_j, T_{y_j'}) over a batch of B images, P = softmax_row(S/tau),
   Q = softmax_row(S^T/tau), L_contr = -(1/B) sum_j 1/2 (log P_jj + log Q_jj), 1/tau = 100;
 - LMMD domain adaptation (eq. 5-6, Zhu et al., "Deep Subdomain Adaptation Network", TNNLS 2021) towards a
-  global set of unlabeled target images (:mod:`fedrepro.methods.target_domain`):
+  global set of unlabeled target images (:mod:`fedrepro.methods._common.target_domain`):
 
       L_DA = (1/|C|) sum_{c in C} [ sum_ss w^s_ic w^s_jc k(s_i, s_j) + sum_tt w^t_ic w^t_jc k(t_i, t_j)
                                      - 2 sum_st w^s_ic w^t_jc k(s_i, t_j) ],
@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from ..device import full_precision
 from ..models.families import clip_scores
 from ..registry import register_method
-from .target_domain import TARGET_PASS_PARAMS, DomainAdaptation
+from ._common.target_domain import TARGET_PASS_PARAMS, DomainAdaptation
 
 
 def pairwise_sq_dists(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

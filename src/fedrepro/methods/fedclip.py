@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..fl.method import ModelAveraging
 from ..registry import register_method
-from .tuning import require_family
+from ._common.tuning import require_family
 
 
 @register_method("fedclip")

@@ -10,7 +10,7 @@ divergence:
 
 with d_k the divergence of the client's previous local training as the code measures it (mean over
 the online encoder's layers of the L2 distance between the weights at the start and at the end of
-that training, :func:`~fedrepro.methods.selfsup.layer_divergence`) and the autoscaler
+that training, :func:`~fedrepro.methods._common.selfsup.layer_divergence`) and the autoscaler
 lambda_k = tau / d_k fixed at the first blend (so mu = tau then; tau = 0.7 as in FedEMA's run
 command). ``divergence: paper`` uses the paper's d_k = ‖W_g − W_k‖₂ between the global online
 encoder it receives and its own after its last round. The blend covers the parameters of everything the client communicates (encoders,
@@ -22,8 +22,8 @@ round a client takes the global model.
 from __future__ import annotations
 
 from ..registry import register_method
+from ._common.selfsup import BYOL_PARAMS, BYOLBaseline
 from .fedu import PREDICTOR
-from .selfsup import BYOL_PARAMS, BYOLBaseline
 
 
 def divergence_aware_mu(divergence: float, scale: float) -> float:

@@ -16,7 +16,7 @@ import torch
 
 from ..fl.method import ModelAveraging
 from ..registry import register_method
-from .imbalance import class_counts, logit_adjusted_cross_entropy
+from ._common.imbalance import class_counts, logit_adjusted_cross_entropy
 
 
 def calibration(counts: torch.Tensor, tau: float) -> torch.Tensor:

@@ -43,7 +43,7 @@ from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..models.families import cross_entropy_over
 from ..registry import register_method
-from .imbalance import fixed_randomness, outputs_over, projector_of, split_payload
+from ._common.imbalance import fixed_randomness, outputs_over, projector_of, split_payload
 
 
 @full_precision

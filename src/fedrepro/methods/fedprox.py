@@ -8,7 +8,7 @@ Local objective: the family's loss plus a proximal term that keeps the client ne
 over the communicated (shared) trainable parameters; the code's "1e-2 / 2 * w_diff" is mu = 0.01 with
 squared: false. The anchor is the global model this round started from, or (FAA-CLIP's code) the one
 the previous round started from; the first ``warmup_updates`` client updates of the run go without
-the term (both papers' code: 1), see :mod:`fedrepro.methods.global_anchor`. Aggregation is FedAvg's.
+the term (both papers' code: 1), see :mod:`fedrepro.methods._common.global_anchor`. Aggregation is FedAvg's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import register_method
-from .global_anchor import GLOBAL_ANCHOR_PARAMS, GlobalAnchor
+from ._common.global_anchor import GLOBAL_ANCHOR_PARAMS, GlobalAnchor
 
 NORM_EPS = 1e-10   # inside the square root of the non-squared norm, as the authors' code starts its sum
 

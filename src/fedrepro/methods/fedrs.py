@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..device import full_precision
 from ..fl.method import ModelAveraging
 from ..registry import register_method
-from .imbalance import class_counts, classifier_input, head_of
+from ._common.imbalance import class_counts, classifier_input, head_of
 
 
 def class_scale(counts: torch.Tensor, alpha: float, scaling: str) -> torch.Tensor:

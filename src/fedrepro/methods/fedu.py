@@ -11,7 +11,7 @@ online encoder did not drift far in its previous round (divergence-aware predict
 
     d_k = mean over the online encoder's layers l of ‖W_l(end of k's last local training) − W_l(its start)‖₂
 
-(:func:`~fedrepro.methods.selfsup.layer_divergence`; the start of FedU's local training is the global
+(:func:`~fedrepro.methods._common.selfsup.layer_divergence`; the start of FedU's local training is the global
 online encoder). The decision is made when a client finishes training and applied when it next
 receives the global model; in its first round a client takes everything global. mu = 0.4, FedU's
 ``--dapu_threshold``. ``divergence: paper`` measures instead ‖W_g − W_k‖₂ between the global online
@@ -21,7 +21,7 @@ encoder the client now receives and its own after its last round, as FedU's pape
 from __future__ import annotations
 
 from ..registry import register_method
-from .selfsup import BYOL_PARAMS, BYOLBaseline
+from ._common.selfsup import BYOL_PARAMS, BYOLBaseline
 
 PREDICTOR = ("predictor.",)
 

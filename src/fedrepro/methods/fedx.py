@@ -8,7 +8,7 @@ separate random batch of the client's data (FedX's second, independently shuffle
 runs the image tower on [x1; x2; xr] at once: z = its embeddings (FedX's projection), p =
 predictor(z) (FedX's prediction MLP, Linear-ReLU-Linear); the frozen global model the client
 received runs on the same images in evaluation mode: g. With NT-Xent at temperature τ and the
-relational loss R(a, b; anchors) of :func:`~fedrepro.methods.selfsup.relational_loss`:
+relational loss R(a, b; anchors) of :func:`~fedrepro.methods._common.selfsup.relational_loss`:
 
     local:   NT-Xent(z1, z2)   + R(z1, z2; anchors z_r, target temperature τ_s)
     global:  NT-Xent(p1, g2)   + R(p1, p2; anchors g_r, target temperature τ_t)
@@ -29,7 +29,7 @@ from ..data.loader import batches
 from ..device import full_precision
 from ..registry import register_method
 from ..seeding import torch_generator
-from .selfsup import ImageSelfSupervised, augment, nt_xent, relational_loss, two_views
+from ._common.selfsup import ImageSelfSupervised, augment, nt_xent, relational_loss, two_views
 
 
 @full_precision

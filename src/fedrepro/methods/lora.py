@@ -11,7 +11,7 @@ r = 3 and nothing else [GAP]; averaging A and B separately is the usual federate
 from __future__ import annotations
 
 from ..registry import register_method
-from .tuning import TrainableOnly
+from ._common.tuning import TrainableOnly
 
 
 @register_method("lora")

@@ -8,7 +8,7 @@ model's representation z_glob and away from its own previous round's representat
 
 z_glob comes from a frozen copy of the anchor global model (the one this round started from, or under
 ``anchor: previous_round`` the one the previous round started from, as FAA-CLIP's code does; see
-:mod:`fedrepro.methods.global_anchor`, which also handles ``warmup_updates``). z_prev depends on
+:mod:`fedrepro.methods._common.global_anchor`, which also handles ``warmup_updates``). z_prev depends on
 ``previous``:
 
 - ``last_local`` (MOON; FAA-CLIP's code): a frozen copy of the client's own model at the end of its
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..device import full_precision
 from ..registry import register_method
-from .global_anchor import GLOBAL_ANCHOR_PARAMS, GlobalAnchor
+from ._common.global_anchor import GLOBAL_ANCHOR_PARAMS, GlobalAnchor
 
 
 @full_precision

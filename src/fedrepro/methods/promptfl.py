@@ -10,7 +10,7 @@ are communicated (2 x Sigma_prompt values per client and round, Table II).
 from __future__ import annotations
 
 from ..registry import register_method
-from .tuning import TrainableOnly
+from ._common.tuning import TrainableOnly
 
 
 @register_method("promptfl")

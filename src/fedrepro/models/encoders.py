@@ -181,7 +181,7 @@ _BUILD_DEVICE = ["cpu"]
 
 @contextlib.contextmanager
 def on_meta():
-    """Build models on the meta device (shapes only, nothing allocated; fedrepro.fl.memory): frozen CLIP
+    """Build models on the meta device (shapes only, nothing allocated; fedrepro.cost.memory): frozen CLIP
     encoders are built there too, under their own cache key, instead of being loaded on the CPU."""
     import torch
 

@@ -171,7 +171,7 @@ class ClipOnImages:
 
         encoder = cfg["encoder"]
         self.encoder, self.preprocess, tokenizer = encoders.frozen_clip(encoder)
-        device = next(self.encoder.parameters()).device     # the CPU (or meta: fedrepro.fl.memory)
+        device = next(self.encoder.parameters()).device     # the CPU (or meta: fedrepro.cost.memory)
         text = encode_prompts(self.encoder, tokenizer, encoder["prompt"], class_names, device)
         super().__init__(cfg, class_names, {**extras, "text_features": text})
 

@@ -39,6 +39,7 @@ from ..registry import register_model
 from . import encoders
 from .decoding import adapter_protonet_specs
 from .families import Output, TimmClassifierFamily
+from .protoadapter_params import ADAPTER_PROTONET_PARAMS
 from .weights import timm_weights
 
 STAGES = ("layer1", "layer2", "layer3", "layer4")
@@ -174,94 +175,6 @@ class AdapterProtoNet(nn.Module):
         if self.has_prototypes:
             return {"pooled": pooled, **self.head(fmap)}
         return {"pooled": pooled, "logits": self.head(pooled)}
-
-
-ADAPTER_PROTONET_PARAMS = {
-    "backbone": {
-        "type": "string",
-        "default": "resnet50.tv_in1k",
-        "description": "a timm ResNet (conv1..layer4), e.g. resnet50.tv_in1k (torchvision ImageNet weights) or "
-                       "test_resnet, or a timm EfficientNet (the offline demo: tf_efficientnet_lite0)",
-    },
-    "pretrained": {
-        "description": "false, true (timm hub weights), or a checkpoint file (a path or package:<module>)",
-        "oneOf": [{"type": "boolean"}, {"type": "string"}],
-        "default": False,
-    },
-    "image_size": {"type": "integer", "minimum": 8, "default": 224},
-    "in_chans": {"type": "integer", "default": 3},
-    "normalize": {"enum": ["imagenet", "clip", "half"], "default": "imagenet"},
-    "augment": {
-        "description": "fundus = the official code's Resize, H/V flips, rotation 5 deg, colour jitter; the rest"
-                       " as the classifier family",
-        "enum": ["none", "flip", "standard", "fundus"],
-        "default": "none",
-    },
-    "freeze_backbone": {
-        "description": "false = the backbone is fine-tuned locally and never communicated (official code, "
-                       "--fine_tune 1, default); true = frozen weights (paper text; as in the code's freeze, "
-                       "BatchNorm statistics still adapt in training mode)",
-        "type": "boolean",
-        "default": False,
-    },
-    "skip_maxpool": {
-        "type": "boolean",
-        "default": True,
-        "description": "skip the ResNet max-pool as the official forward does (14x14 maps at 224 px); "
-                       "EfficientNets have none",
-    },
-    "adapters": {
-        "type": "boolean",
-        "default": True,
-        "description": "false = no adapters (FedPrototypical, plain baselines)",
-    },
-    "adapter_reduction": {
-        "type": "integer",
-        "minimum": 1,
-        "default": 16,
-        "description": "r = D / adapter_reduction (code --red_factor 16)",
-    },
-    "adapter_init": {
-        "description": "kaiming = Kaiming-normal on both convs (code --init_weight_adapter 1, default); "
-                       "identity = the up-projection starts at zero",
-        "enum": ["kaiming", "identity"],
-        "default": "kaiming",
-    },
-    "head": {
-        "enum": ["prototypes", "linear"],
-        "default": "prototypes",
-        "description": "linear = FedAdapter and the plain baselines",
-    },
-    "prototypes_per_class": {"type": "integer", "minimum": 1, "default": 5},
-    "prototype_dim": {
-        "type": "integer",
-        "minimum": 1,
-        "default": 512,
-        "description": "channels of the add-on layers and prototypes (code 512)",
-    },
-    "prototype_size": {
-        "type": "integer",
-        "minimum": 1,
-        "default": 1,
-        "description": "spatial size k of the k x k prototypes (code 1)",
-    },
-    "prototype_activation": {
-        "enum": ["linear", "log"],
-        "default": "linear",
-        "description": "similarity = -d (code) or log((d+1)/(d+1e-4)) (ProtoPNet)",
-    },
-    "prototype_init": {
-        "description": "protopnet = Kaiming add-ons and last layer +1 own class / -0.5 others (code "
-                       "--init_weight_proto 1, default); default = torch's init",
-        "enum": ["protopnet", "default"],
-        "default": "protopnet",
-    },
-    "last_layer_bias": {
-        "type": "boolean",
-        "default": True,
-        "description": "the code's prototype->class layer has a bias (ProtoPNet's has none)",
-    },
-}
 
 
 @register_model("adapter_protonet", input="images", params=ADAPTER_PROTONET_PARAMS, decode=adapter_protonet_specs,

@@ -14,7 +14,7 @@ table never mixes results made from different data. The rules declare the run ma
 Snakemake does not notice either case by itself: a run file deleted after the table was made (a missing
 intermediate file is not a reason to rerun what is up to date), or an input put back with its old modification
 time (``cp -p``). :func:`out_of_date` finds both while Snakemake builds the DAG, so the rules can make the report
-rerun (``workflow/rules/common.smk``, ``report_inputs``): it then rebuilds the missing run files first, or refuses
+rerun (:mod:`fedrepro.dag.out_of_date`, which writes the report's out-of-date mark): it then rebuilds the missing run files first, or refuses
 the stale runs by name.
 """
 

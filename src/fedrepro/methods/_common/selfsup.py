@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..device import full_precision
-from ..fl.method import ModelAveraging
-from ..models.vlp import require_vlp
+from ...device import full_precision
+from ...fl.method import ModelAveraging
+from ...models.vlp import require_vlp
 
 IMAGE_TOWER = ("image_encoder.", "image_align.", "image_head.")
 

@@ -45,8 +45,8 @@ from pathlib import Path
 import torch
 
 from .. import paths
+from ..fl.local import optimizer_factor
 from ..io import hash_obj, write_json
-from .local import optimizer_factor
 
 GiB, MiB = 2**30, 2**20
 HOST_BASE = int(1.5 * GiB)      # measured: 0.82 GB RSS after importing torch, open_clip, timm, transformers; ~1 GB at a tiny run's peak
@@ -150,7 +150,7 @@ class _Shell:
     """The federation a method is built against on the meta device: clients without data."""
 
     def __init__(self, class_names: list[str], clients: int, extras: dict):
-        from .federation import ClientData, Federation
+        from ..fl.federation import ClientData, Federation
 
         self.fed = Federation([ClientData(f"client{i}", i, [], [], []) for i in range(clients)], None, None,
                               class_names, extras)
@@ -195,11 +195,11 @@ def model_profile(run: dict, cache: bool = True) -> dict:
 
 
 def _build_profile(run: dict) -> dict:
+    from ..fl.comm import CommLedger
+    from ..fl.method import MethodContext
     from ..models.encoders import on_meta
     from ..models.families import build_family
     from ..registry import MODELS, dataset, method_class
-    from .comm import CommLedger
-    from .method import MethodContext
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")        # an estimate never waits on a hub
     classes = list(dataset(run["dataset"]).classes)
@@ -421,7 +421,7 @@ def planned(project, key, workers: int | None = None, device: str | None = None)
 
 
 def _auto_spill() -> int:
-    from .client_state import AUTO_SPILL_BYTES
+    from ..fl.client_state import AUTO_SPILL_BYTES
 
     return AUTO_SPILL_BYTES
 

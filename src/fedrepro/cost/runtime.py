@@ -1,4 +1,4 @@
-"""What a run costs in device time, from a measured throughput table (:mod:`fedrepro.throughput`), ours next
+"""What a run costs in device time, from a measured throughput table (:mod:`fedrepro.cost.throughput`), ours next
 to the authors' way, and what each job asks SLURM for.
 
 For one run, from its resolved config:
@@ -16,7 +16,7 @@ For one run, from its resolved config:
   forward per training image.
 - image counts from the split file where it exists, else ``benchmarks/dataset_sizes.csv`` (assumptions,
   labelled as such wherever they are used).
-- rates per model family (:func:`fedrepro.throughput.family_key`):
+- rates per model family (:func:`fedrepro.cost.throughput.family_key`):
   ours: the run's precision (``auto`` = bf16 on a GPU), channels-last where the table has it (CNNs), the
   decode-once cache (train rate = min(step, loader)); a run on cached features trains at its head's rate,
   on a CPU in the workflow (the ``train`` rule asks no GPU for it), plus one pass of the frozen encoder per
@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paths
+from .. import paths
 from .throughput import Table, ThroughputError, family_key
 
 RUNTIME_MARGIN = 1.5          # the rates are steady-state steps on synthetic batches; real data, stragglers
@@ -134,7 +134,7 @@ def client_images(project, key, run: dict) -> tuple[list[int], int, str]:
     if n is None:
         raise ThroughputError(f"{run['dataset']}: no split file ({split_file}) and no row in {paths.DATASET_SIZES} "
                               f"to count its images (add one, or build the split: snakemake --cores 1 {split_file})")
-    from .fl.memory import client_count
+    from .memory import client_count
 
     spec = project.resolver.setting(key.paper, key.setting, key.protocol)["split"]
     clients = client_count(spec)
@@ -168,7 +168,7 @@ def run_work(project, key, run: dict, profile: dict | None) -> Work:
         per_round = local.get("epochs", 1) * sum(per_client)
     rounds = train["rounds"]
     evaluated = len({r for r in range(1, rounds + 1) if r % train.get("eval_every", 1) == 0} | {rounds})
-    from .registry import method_class
+    from ..registry import method_class
 
     personalized = train.get("client_eval") == "local" or bool(getattr(method_class(algorithm["name"]), "personalized", False))
     layout = (profile or {}).get("layout") or {}
@@ -215,7 +215,7 @@ def run_cost(project, key, table: Table, authors: AuthorsWay = AuthorsWay(), pro
     train, model = run["train"], run["train"]["model"]
     cost = RunCost(key, run["input"] != "features")
     if profile is None:
-        from .fl.memory import model_profile
+        from .memory import model_profile
 
         profile = model_profile(run)
     try:
@@ -278,7 +278,7 @@ def requested_mb(measured_mb: float) -> int:
 def _eval_peak_request(row: dict | None) -> int:
     """A forward-only job's GPU memory: its measured evaluation peak + the CUDA context, with the margin (0: not
     measured)."""
-    from .fl.memory import CUDA_CONTEXT, MiB
+    from .memory import CUDA_CONTEXT, MiB
 
     peak = (row or {}).get("eval_peak_gpu_mb", math.nan)
     return 0 if math.isnan(peak) else requested_mb(peak + CUDA_CONTEXT / MiB)
@@ -296,7 +296,7 @@ def measured_gpu_mb(table: Table, run: dict, est) -> float | None:
     """MiB a run needs on the GPU by the measured peak of its family's step (None: not measured): the peak at
     the table's batch, moved to the run's batch by the estimate's activations per sample, plus what a plain
     step does not hold (``Estimate.beyond_step``) and the CUDA context."""
-    from .fl.memory import ACTIVATION_MARGIN, CUDA_CONTEXT, HALF_ACTIVATIONS, MiB
+    from .memory import ACTIVATION_MARGIN, CUDA_CONTEXT, HALF_ACTIVATIONS, MiB
 
     train = run["train"]
     fkey = family_key(train["model"])

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..fl.federation import ClientData
-from ..fl.method import ModelAveraging
+from ...fl.federation import ClientData
+from ...fl.method import ModelAveraging
 
 # the params GlobalAnchor reads; FedProx and MOON include them in their own schemas
 GLOBAL_ANCHOR_PARAMS = {

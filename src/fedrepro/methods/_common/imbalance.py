@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.loader import batches
-from ..device import Compute, fp32, full_precision
-from ..fl.evaluation import dataset_labels
-from ..models.families import Output
-from ..seeding import kept_rng_state, seed_global
+from ...data.loader import batches
+from ...device import Compute, fp32, full_precision
+from ...fl.evaluation import dataset_labels
+from ...models.families import Output
+from ...seeding import kept_rng_state, seed_global
 
 
 def class_counts(dataset, num_classes: int) -> torch.Tensor:

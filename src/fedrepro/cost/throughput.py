@@ -3,7 +3,7 @@ device, as ``benchmarks/train_step.py`` measures them, and where the pipeline fi
 
 One CSV per device, one row per (model family, architecture, precision, memory layout). A GPU's table
 lives in ``benchmarks/gpu/<device>.csv`` (``paths.throughput_table``): ``train_step.py --device cuda`` writes
-it there, and the SLURM requests (``fedrepro.cost``), ``fedrepro estimate`` and ``benchmarks/gpu_hours.py``
+it there, and the SLURM requests (``fedrepro.cost.runtime``), ``fedrepro estimate`` and ``benchmarks/gpu_hours.py``
 read it. Columns (:data:`COLUMNS`):
 
 - ``device`` (``cuda`` or ``cpu``), ``device_name`` (the GPU model as CUDA names it, e.g. ``NVIDIA H200``; the
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import yaml
 
-from . import paths
-from .io import atomic_path
+from .. import paths
+from ..io import atomic_path
 
 COLUMNS = ("device", "device_name", "torch", "cuda", "date", "family", "architecture", "precision",
            "channels_last", "batch", "eval_batch", "train_img_s", "eval_img_s", "peak_gpu_mb", "eval_peak_gpu_mb",

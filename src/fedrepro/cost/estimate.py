@@ -1,107 +1,21 @@
 """What building one target takes, before running it: its jobs, their GPU-hours and their memory
 (``fedrepro estimate <target file>``).
 
-A target is a file ``snakemake`` builds (a table, figure, scorecard, a run's file, a downstream result, an
-embedding) or ``all``. Its jobs are found the way the rules find them (the configuration's tables, figures and
-runs; a report item's declared inputs), without planning the DAG; what is already on disk is counted as done.
-Every figure printed says where it comes from: *measured* (a throughput table, :mod:`fedrepro.throughput`),
-*estimated* (the memory estimate from the configs, :mod:`fedrepro.fl.memory`), *assumed* (image counts from
-``benchmarks/dataset_sizes.csv``) or *guess* (what a job asks for without a table).
+Which jobs a target needs is the workflow's own answer (:meth:`fedrepro.dag.Dag.target`: the configuration's
+tables, figures and runs, a report item's declared inputs), found without planning the DAG; this module counts
+what of them is already on disk as done and prices the rest. Every figure printed says where it comes from:
+*measured* (a throughput table, :mod:`fedrepro.cost.throughput`), *estimated* (the memory estimate from the
+configs, :mod:`fedrepro.cost.memory`), *assumed* (image counts from ``benchmarks/dataset_sizes.csv``) or *guess*
+(what a job asks for without a table).
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cost, paths
-from .config import ConfigError, did_you_mean
+from .. import paths
+from . import runtime as cost
 from .throughput import Table
-
-
-@dataclass
-class Target:
-    path: str
-    what: str
-    runs: list = field(default_factory=list)              # RunKeys
-    downstream: list = field(default_factory=list)        # (RunKey, task)
-    embeds: list = field(default_factory=list)            # (RunKey, figure)
-
-
-def _table_needs(project, protocol: str, paper: str, table: str) -> tuple[list, list]:
-    return project.plan.table_runs(paper, table, protocol), project.plan.table_downstream(paper, table, protocol)
-
-
-def _figure_needs(project, protocol: str, paper: str, figure: str) -> tuple[list, list]:
-    from .report.figures import figure_inputs, figure_item
-
-    embeds = []
-    for path in figure_inputs(figure_item(project, protocol, paper, figure)):
-        key = paths.run_key_of(path)
-        if key is not None and path == paths.embedding(key, figure):
-            embeds.append((key, figure))
-    return project.plan.figure_runs(paper, figure, protocol), embeds
-
-
-def _union(*lists) -> list:
-    return list(dict.fromkeys(x for items in lists for x in items))
-
-
-def candidates(project) -> dict[str, callable]:
-    """Target path -> a function giving its Target (every file ``snakemake`` can be asked for here)."""
-    out: dict[str, callable] = {}
-    for protocol, paper, table in project.plan.tables():
-        def make(protocol=protocol, paper=paper, table=table, path=None):
-            runs, downstream = _table_needs(project, protocol, paper, table)
-            return Target(path, f"table {table} of {paper} ({protocol} protocol)", runs, downstream)
-        for suffix in (".md", ".csv", ".tex", ".seeds.csv"):
-            out[paths.table(protocol, paper, table, suffix)] = make
-    for protocol, paper, figure in project.plan.figures():
-        def make(protocol=protocol, paper=paper, figure=figure, path=None):
-            runs, embeds = _figure_needs(project, protocol, paper, figure)
-            return Target(path, f"figure {figure} of {paper} ({protocol} protocol)", runs, embeds=embeds)
-        for suffix in (".png", ".pdf"):
-            out[paths.figure(protocol, paper, figure, suffix)] = make
-    for paper in [*project.papers, "all"]:
-        def make(paper=paper, path=None):
-            tables = [t for t in project.plan.tables() if paper == "all" or t[1] == paper]
-            needs = [_table_needs(project, *t) for t in tables]
-            return Target(path, f"scorecard of {'every paper' if paper == 'all' else paper}",
-                          _union(*(n[0] for n in needs)), _union(*(n[1] for n in needs)))
-        for suffix in (".html", ".md", ".csv", ".png", ".pdf"):
-            out[paths.scorecard(paper, suffix)] = make
-    for key in project.plan.runs():
-        def make(key=key, path=None):
-            return Target(path, f"run {key.path}", [key])
-        for name in paths.RUN_FILES:
-            out[paths.run_file(key, name)] = make
-        out[paths.run_dir(key)] = make
-        out[paths.model_file(key)] = make
-    for key, task in project.plan.downstream_jobs().values():
-        out[paths.downstream(key, task)] = lambda key=key, task=task, path=None: Target(
-            path, f"downstream evaluation {task} of {key.path}", [key], [(key, task)])
-    return out
-
-
-def everything(project) -> Target:
-    figures = [_figure_needs(project, *f) for f in project.plan.figures()]
-    return Target("all", "every output of the configuration", project.plan.runs(),
-                  list(project.plan.downstream_jobs().values()), _union(*(f[1] for f in figures)))
-
-
-def resolve(project, target: str) -> Target:
-    """The Target of a file name as ``snakemake`` is given it, or a ConfigError with the closest names."""
-    name = os.path.normpath(target)
-    if name == "all":
-        return everything(project)
-    found = candidates(project)
-    if name in found:
-        return found[name](path=name)
-    raise ConfigError(f"{target} is not a target of this configuration{did_you_mean(name, found, n=3)} (targets: "
-                      f"{paths.table('<protocol>', '<paper>', '<table>')}, "
-                      f"{paths.figure('<protocol>', '<paper>', '<figure>')}, {paths.scorecard('<paper>')}, a run's "
-                      f"files, or all; fedrepro validate counts them)")
 
 
 def _exists(path: str | None) -> bool:
@@ -112,10 +26,11 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 360 else f"{seconds / 60:.0f} min"
 
 
-def summary(project, target: Target, table: Table | None, table_why: str,
+def summary(project, target, table: Table | None, table_why: str,
             authors: cost.AuthorsWay = cost.AuthorsWay()) -> list[str]:
-    """The lines ``fedrepro estimate <target>`` prints."""
-    from .fl.memory import fmt, planned
+    """The lines ``fedrepro estimate <target>`` prints for ``target`` (a :class:`fedrepro.dag.Target`: the jobs it
+    needs)."""
+    from .memory import fmt, planned
 
     runs = target.runs
     todo = [k for k in runs if not _exists(paths.run_file(k))]

@@ -17,9 +17,9 @@ from typing import Iterator
 
 import torch
 
-from ..data.loader import batches
-from ..fl.method import ModelAveraging
-from ..seeding import torch_generator
+from ...data.loader import batches
+from ...fl.method import ModelAveraging
+from ...seeding import torch_generator
 from .tuning import require_family
 
 # shared by FACMIC and FAA-CLIP (their params schemas include it)

@@ -3,8 +3,8 @@ trainable part of a partly frozen model (LoRA factors, prompt context vectors)."
 
 from __future__ import annotations
 
-from ..fl.method import MethodContext, ModelAveraging
-from ..models.clip_tuning import trainable_keys
+from ...fl.method import MethodContext, ModelAveraging
+from ...models.clip_tuning import trainable_keys
 
 
 def require_family(ctx: MethodContext, allowed: tuple[str, ...]) -> None:
