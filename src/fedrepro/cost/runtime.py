@@ -28,7 +28,7 @@ For one run, from its resolved config:
 
 A job's SLURM runtime is ``RUNTIME_MARGIN`` x its seconds + ``RUNTIME_OVERHEAD_MIN`` (start-up, weights check,
 loading data, a checkpoint per round), rounded up to 5 minutes and at least ``MIN_RUNTIME_MIN``; its GPU memory
-is the larger of the memory estimate (:mod:`fedrepro.fl.memory`) and ``GPU_MEMORY_MARGIN`` x the measured peak
+is the larger of the memory estimate (:mod:`fedrepro.cost.memory`) and ``GPU_MEMORY_MARGIN`` x the measured peak
 of the family's step (scaled to the run's batch with the estimate's activations per sample) plus what the step
 does not hold (the method's other model copies, the round's uploads) and the CUDA context. Without a table, or
 where it lacks a family, a job asks for :data:`FALLBACK_RUNTIME`: guesses no measurement has confirmed.
