@@ -223,8 +223,8 @@ def _build_profile(run: dict) -> dict:
     state = method.server.state_dict()
     trainable = sum(p.numel() * p.element_size() for p in method.server.parameters() if p.requires_grad)
     frozen = family.frozen_modules()
-    key = hash_obj([run["train"]["model"], run["algorithm"]["name"], len(classes)])
-    if key not in _ACTIVATIONS:      # the forward pass is the slow part: once per model (and method's model)
+    key = architecture_key(run["train"]["model"], method.server, len(classes))
+    if key not in _ACTIVATIONS:      # the forward pass is the slow part: once per network, whichever method trains it
         _ACTIVATIONS[key] = _activations(family, method.server, kind, classes, extras)
     activation = _ACTIVATIONS[key]
     return {
@@ -268,6 +268,15 @@ def bert_base_when_offline(notes: list[str]):
 
 
 _ACTIVATIONS: dict[str, dict] = {}
+
+
+def architecture_key(model_cfg: dict, network: torch.nn.Module, classes: int) -> str:
+    """What one training forward pass's saved activations depend on: the model block (the family's forward), the
+    network's modules in order and every tensor's name, shape and dtype (a method's own heads or projectors change
+    them), and the class count. Methods that train the same network (FedAvg, FedProx, FedNova, ...) share it."""
+    modules = [type(m).__name__ for m in network.modules()]
+    tensors = [(name, tuple(t.shape), str(t.dtype)) for name, t in network.state_dict().items()]
+    return hash_obj([model_cfg, modules, tensors, classes])
 
 
 def _activations(family, model, kind: str, classes: list[str], extras: dict) -> dict:
