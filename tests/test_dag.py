@@ -158,6 +158,25 @@ def test_a_report_is_out_of_date_in_two_steps(project, dag, tmp_path, monkeypatc
     assert mark.stat().st_mtime_ns == 0                                          # older than any report
 
 
+def test_every_reports_mark_exists_before_planning_and_two_reports_of_a_folder_plan_on_a_fresh_checkout(
+        project, dag, tmp_path, monkeypatch):
+    """The marks are made (old: mtime 0) in one step before Snakemake plans: a mark created while it planned was
+    reported missing as soon as two reports of one folder were asked for in one command on a fresh checkout
+    (Snakemake caches what it saw of a folder), e.g. a scorecard and the all-papers scorecard."""
+    from infra_support import TINY_CONFIG, copy_repo, run, tool_env
+
+    monkeypatch.chdir(tmp_path)
+    targets = dag.report_targets()
+    assert set(dag.all_outputs()) <= set(targets) and paths.scorecard("all") in targets
+    dag.out_of_date.prepare(targets)
+    assert all(Path(paths.report_mark(t)).stat().st_mtime_ns == 0 for t in targets)
+
+    repo = copy_repo(tmp_path / "repo")
+    planned = run(["snakemake", "-n", f"--configfile={TINY_CONFIG}", "results/scorecards/foundation.html",
+                   "results/scorecards/all.html"], repo, tool_env(repo, tmp_path / "home"), check=False)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+
+
 def test_the_definition_params_hash_what_each_report_is_made_from(project, dag):
     from fedrepro.report.definitions import definition_hash, item_definition, scorecard_definition
     from fedrepro.report.tables import table_item

@@ -57,6 +57,7 @@ def profile_gpu_model(rule: str) -> str | None:
 CONFIGFILES = " ".join(shlex.quote(os.path.relpath(f) if Path(f).resolve().is_relative_to(Path.cwd().resolve()) else str(f))
                        for f in workflow.overwrite_configfiles)
 JOBS = Dag(PROJECT, gpu_model_of=profile_gpu_model, configfiles=CONFIGFILES, error=WorkflowError)
+JOBS.out_of_date.prepare(JOBS.report_targets())    # every report's mark exists before planning (dag/out_of_date.py)
 RAW = JOBS.raw
 train_group = JOBS.train_group     # a rule's group: a name, or a function of the wildcards such as this one
 ENV = "../../envs/fedrepro.yaml"

@@ -64,6 +64,14 @@ class Dag:
         }
         return [target for kind in project.config["outputs"] for target in kinds[kind]()]
 
+    def report_targets(self) -> list[str]:
+        """Every table, figure, scorecard and evidence page the configuration plans (whatever `outputs` says): the
+        reports that have an out-of-date mark (:meth:`report_inputs`)."""
+        plan = self.project.plan
+        return ([paths.table(*t) for t in plan.tables()] + [paths.figure(*f) for f in plan.figures()]
+                + [paths.scorecard(p) for p in [*self.project.papers, "all"]]
+                + ([paths.evidence()] if self.project.config.get("evidence") else []))
+
     def target(self, name: str):
         """The jobs building file ``name`` (or ``all``) needs (:mod:`.targets`; ``fedrepro estimate`` prints them)."""
         from .targets import resolve

@@ -12,7 +12,9 @@ now.
 The record step runs while Snakemake builds the DAG, from the report rules' input function
 (:meth:`fedrepro.dag.Dag.report_inputs`, which calls the two steps by name): Snakemake compares modification times
 as soon as it has built the DAG, with no step in between, so a mark written any later (in a job, after planning)
-would not make this plan rebuild the report. It is the one file that planning writes; a dry run writes it too.
+would not make this plan rebuild the report. It is the one file that planning writes; a dry run writes it too. Every
+mark is first made, old, in one explicit step before planning (:meth:`OutOfDate.prepare`, called by the Snakefile),
+so that planning only rewrites files Snakemake has already seen.
 Why a report is out of date is :func:`fedrepro.report.consistency.out_of_date`; this module is where the workflow
 asks it, and the place to extend when a report's staleness is decided otherwise.
 """
@@ -46,6 +48,18 @@ class OutOfDate:
         from ..report.consistency import out_of_date
 
         return out_of_date(self.project, target, files)
+
+    def prepare(self, targets) -> None:
+        """Make every report's mark exist (mtime 0: older than any report) before Snakemake plans anything. The
+        record step then only rewrites files that exist: Snakemake caches what it has seen of a folder while it
+        builds the DAG, so a mark created in the middle of planning was reported missing when two reports of one
+        folder were asked for in one command (``snakemake a/fig8.png a/fig9.png`` on a fresh checkout)."""
+        for target in targets:
+            mark = Path(paths.report_mark(target))
+            if not mark.exists():
+                mark.parent.mkdir(parents=True, exist_ok=True)
+                mark.touch()
+                os.utime(mark, ns=(0, 0))
 
     def record(self, target: str, reasons: list[str]) -> str:
         """Write what :meth:`decide` found into ``target``'s mark, and return the mark's path (a report input): new
