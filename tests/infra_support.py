@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import shutil
@@ -23,9 +24,10 @@ TINY_TABLE = "results/tables/clean/foundation/accuracy.md"
 TINY_METRICS = "results/runs/clean/foundation/bt_iid/fedclip/seed0/metrics.json"
 
 
-def copy_repo(dest: Path) -> Path:
+def copy_repo(dest: Path, profiles: bool = False) -> Path:
     """The repository as git sees it (tracked and untracked, not ignored files; symlinks kept), so no
-    outputs of earlier runs come along."""
+    outputs of earlier runs come along. ``profiles``: with the full grid's model profiles (:func:`warm_profiles`),
+    for tests that plan the full grid and are not about building them."""
     listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                              capture_output=True, check=True).stdout.decode().split("\0")
     for rel in filter(None, listing):
@@ -33,7 +35,27 @@ def copy_repo(dest: Path) -> Path:
         if src.is_symlink() or src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel, follow_symlinks=False)
+    if profiles:
+        shutil.copytree(warm_profiles(), dest / "resources/model_profiles", dirs_exist_ok=True)
     return dest
+
+
+@functools.lru_cache(maxsize=None)
+def warm_profiles() -> Path:
+    """The model profiles of every run of the full grid under both protocols (resources/model_profiles: what its
+    memory estimates and SLURM requests are made from; ~40 s to build from nothing on 2 cores, then read back),
+    built once per test session in this checkout. A scratch copy that plans the full grid starts from them instead
+    of building them again in every dry run; the building itself is tested in tests/test_memory.py."""
+    from fedrepro.config import load_project
+    from fedrepro.cost.memory import model_profile
+
+    with contextlib.chdir(REPO):                                   # profiles are written relative to the checkout
+        for protocols in (["clean"], ["paper"]):
+            project = load_project([REPO / "config/config.yaml"], {"protocols": protocols}, root=REPO)
+            for key in project.plan.runs():
+                model_profile(project.resolver.run_config(key))
+        load_project([REPO / "config/config.yaml"], root=REPO)    # the default results folder, as other tests expect
+    return REPO / "resources/model_profiles"
 
 
 def tool_env(repo: Path, home: Path) -> dict[str, str]:

@@ -264,7 +264,9 @@ def test_gpu_hours_says_plainly_when_no_gpu_table_is_here(tmp_path):
 
 def test_gpu_hours_per_paper_and_per_table(table):
     from fedrepro.config import load_project
+    from infra_support import warm_profiles
 
+    warm_profiles()             # the grid's model profiles, built once per session (the script reads them)
     project = load_project([REPO / "config/config.yaml"], root=REPO)       # the script's: the default numerics
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu_hours.py"), "--throughput", str(FIXTURE),
                            "--papers", "fedadapterproto"], cwd=REPO, env=ENV, capture_output=True, text=True)

@@ -119,7 +119,7 @@ def test_runtime_and_gpu_memory_follow_the_profiles_gpu_table(tmp_path, monkeypa
     from fedrepro.cost import throughput
     from fedrepro.cost.memory import planned
 
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_repo(tmp_path / "repo", profiles=True)
     env = tool_env(repo, tmp_path / "home")
     (repo / "seed0.yaml").write_text("seeds: [0]\n")
     target = "results/tables/clean/facmic/table5.md"

@@ -465,7 +465,7 @@ def test_full_grid_dry_run_fetches_weights_locally_before_the_jobs_that_need_the
     from fedrepro.config import load_project
     from infra_support import copy_repo, run, tool_env
 
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_repo(tmp_path / "repo", profiles=True)
     env = tool_env(repo, tmp_path / "home")
     out = run(["snakemake", "all", "-n", "--profile", "slurm"], repo, env, timeout=300).stdout
     jobs = _dry_run_jobs(out)
@@ -498,7 +498,7 @@ def test_fetching_weights_through_the_workflow_plans_weights_jobs_only(tmp_path)
     from fedrepro.config import load_project
     from infra_support import copy_repo, run, tool_env
 
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_repo(tmp_path / "repo", profiles=True)
     env = tool_env(repo, tmp_path / "home")
     commands = set()
     for doc in ("README.md", "docs/cluster-and-cache.md"):
@@ -527,7 +527,7 @@ def test_fetching_weights_through_the_workflow_plans_weights_jobs_only(tmp_path)
 def test_a_truncated_local_copy_stops_the_workflow_before_any_job_is_submitted(tmp_path):
     from infra_support import copy_repo, run, tool_env
 
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_repo(tmp_path / "repo", profiles=True)
     env = tool_env(repo, tmp_path / "home")
     folder = repo / "resources/weights/timm--tf_efficientnet_b0.aa_in1k"
     folder.mkdir(parents=True)
