@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Run the test suite as N shards side by side, each in its own copy of the repository (CI: 2 on 2 cores).
+
+    python scripts/test-shards.py 2                    # what `FEDREPRO_TEST_SHARDS=2 bash scripts/test.sh` runs
+    python scripts/test-shards.py 2 -m "not slow"      # pytest options go to every shard
+    python scripts/test-shards.py --record             # after a whole run: measured seconds per file -> tests/durations.json
+
+Most tests run one Python process on one core (a Snakemake dry run, a CLI command, a small model), so one pytest
+leaves the second core of a 2-core runner idle for much of the suite. The shards share nothing: shard 0 runs in this
+checkout, every other one in a copy of it (the files git tracks and the untracked ones it does not ignore, as
+tests/infra_support.py copies the repository), with this checkout's environment (`.venv`) and its own package
+source first on PYTHONPATH, so tests that write under the repository root (resources/, results/, .snakemake/) never
+meet. Test files go to the shards by their measured seconds (tests/durations.json, longest first onto the least
+loaded shard); a file not measured yet counts as the median. A shard's output is printed when it ends; the exit
+status is the first failing shard's. With test paths among the arguments it runs them as one plain pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DURATIONS = ROOT / "tests/durations.json"
+NO_TESTS = 5          # pytest's exit status when a shard's files hold no selected test
+
+
+def test_files() -> list[str]:
+    listing = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "tests"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    return sorted(f for f in listing if re.fullmatch(r"tests/(.*/)?test_[^/]*\.py", f) and (ROOT / f).is_file())
+
+
+def assign(files: list[str], shards: int, seconds: dict[str, float]) -> list[list[str]]:
+    """Longest first onto the least loaded shard (files not measured yet count as the median file)."""
+    default = statistics.median(seconds.values()) if seconds else 1.0
+    load, out = [0.0] * shards, [[] for _ in range(shards)]
+    for f in sorted(files, key=lambda f: -seconds.get(f, default)):
+        i = load.index(min(load))
+        out[i].append(f)
+        load[i] += seconds.get(f, default)
+    return out
+
+
+def copy_checkout(dest: Path) -> Path:
+    """The checkout as git sees it (tracked and untracked, not ignored files), with its environment linked in."""
+    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listing):
+        src = ROOT / rel
+        if src.is_symlink() or src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel, follow_symlinks=False)
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+    return dest
+
+
+def record(logs: list[Path]) -> None:
+    """Seconds per test file from the ``--durations=0`` tables of the shards' logs, into tests/durations.json."""
+    per_file: dict[str, float] = {}
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            m = re.match(r"\s*([\d.]+)s (?:call|setup|teardown)\s+(tests/\S+?\.py)::", line)
+            if m:
+                per_file[m.group(2)] = per_file.get(m.group(2), 0.0) + float(m.group(1))
+    if per_file:
+        DURATIONS.write_text(json.dumps({f: round(s, 1) for f, s in sorted(per_file.items())}, indent=1) + "\n")
+        print(f"{DURATIONS.relative_to(ROOT)}: {len(per_file)} files, {sum(per_file.values()):.0f} s")
+
+
+def main(argv: list[str]) -> int:
+    keep = "--record" in argv
+    argv = [a for a in argv if a != "--record"]
+    if not argv or not argv[0].isdigit():
+        raise SystemExit("usage: test-shards.py N [--record] [pytest options]")
+    shards, options = int(argv[0]), argv[1:]
+    paths = [a for a in options if not a.startswith("-") and ("::" in a or (ROOT / a).exists())]
+    if shards < 2 or paths:
+        return subprocess.call([sys.executable, "-m", "pytest", *options], cwd=ROOT)
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    plan = [files for files in assign(test_files(), shards, seconds) if files]
+    scratch = Path(tempfile.mkdtemp(prefix="fedrepro-shards-"))
+    durations = ["--durations=0", "--durations-min=0.5"] if keep else ["--durations=25"]
+    procs, logs = [], []
+    for i, files in enumerate(plan):
+        where = ROOT if i == 0 else copy_checkout(scratch / f"shard{i}")
+        env = dict(os.environ)
+        if i:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where / "src"), env.get("PYTHONPATH")]))
+        log = scratch / f"shard{i}.log"
+        expected = sum(seconds.get(f, 0.0) for f in files)
+        print(f"shard {i}: {len(files)} test files (~{expected / 60:.0f} min measured) in {where}", flush=True)
+        procs.append(subprocess.Popen([sys.executable, "-m", "pytest", *files, *options, *durations,
+                                       f"--basetemp={scratch / f'tmp{i}'}"], cwd=where, env=env,
+                                      stdout=log.open("w"), stderr=subprocess.STDOUT))
+        logs.append(log)
+    start, codes = time.monotonic(), []
+    for i, proc in enumerate(procs):
+        codes.append(proc.wait())
+        print(f"\n======== shard {i} (exit {codes[-1]}, {(time.monotonic() - start) / 60:.1f} min) ========", flush=True)
+        sys.stdout.write(logs[i].read_text(errors="replace"))
+        sys.stdout.flush()
+    if keep:
+        record(logs)
+    failed = [c for c in codes if c not in (0, NO_TESTS)]
+    if failed:
+        print(f"\nfailed: shard(s) {[i for i, c in enumerate(codes) if c not in (0, NO_TESTS)]}; their copies and "
+              f"logs are kept in {scratch}")
+        return failed[0]
+    shutil.rmtree(scratch, ignore_errors=True)
+    return NO_TESTS if all(c == NO_TESTS for c in codes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
