@@ -288,6 +288,9 @@ HOW: dict[str, How] = {
     "snakemake --cores 2 results/demo/extensions/fedavgm/tables/clean/fediic/table1.md --configfile config/demo.yaml "
     "examples/fedrepro-fedavgm/fedavgm.yaml": Skip(PLUGIN),
     "pip uninstall <it>": Skip("uninstalls a plug-in you installed"),
+    # ---- speed (issue 39)
+    "fedrepro train --checkpoint-every": Instead("fedrepro train --help", "an option of the train job (its cadence "
+                                                 "is tested in tests/test_engine.py)", "--checkpoint-every"),
     # ---- numbers in the docs
     "python benchmarks/demo_numbers.py": Help("python benchmarks/demo_numbers.py", "needs a demo run's results; "
                                               "tests/test_doc_numbers.py renders its block and checks it against them"),
