@@ -196,3 +196,23 @@ def test_the_demo_writes_its_results_to_its_own_folder():
     assert demo.resolver.downstream_config(key, "cls")["paths"]["checkpoint"] == paths.model_file(key)
     load_project(["config/config.yaml"])            # the full grid's: results/ (and other tests expect it)
     assert paths.run_file(key) == "results/runs/clean/feddra/demo_a1/feddra/seed0/metrics.json"
+
+
+def test_validation_remembers_a_valid_block_and_never_an_invalid_one():
+    """validate() fills defaults in place; a block already found valid against the same schema object gets the same
+    filled block again (its own object, in its own key order), and a later edit of one block does not reach
+    another; an invalid block is refused every time."""
+    from fedrepro.config.files import ConfigError, validate
+
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {"lr": {"type": "number", "default": 0.1}, "opt": {"type": "object",
+                             "properties": {"name": {"type": "string", "default": "sgd"}}, "default": {}}}}
+    first, second = {"opt": {}}, {"opt": {}}
+    assert validate(first, schema, "a") is first and first == {"opt": {"name": "sgd"}, "lr": 0.1}
+    assert validate(second, schema, "b") is second and second == first and second["opt"] is not first["opt"]
+    first["opt"]["name"] = "adam"
+    third = {"opt": {}}
+    assert validate(third, schema, "c") == {"opt": {"name": "sgd"}, "lr": 0.1}
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=r"d: unknown key\(s\) \['momentum'\]"):
+            validate({"momentum": 0.9}, schema, "d")

@@ -4,6 +4,7 @@ says a config may name (method params, model families). Pure functions; nothing 
 from __future__ import annotations
 
 import copy
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,32 @@ def _validator_with_defaults():
 
 
 def validate(instance: Any, schema: dict, where: str) -> Any:
-    """Validate (and fill defaults into) ``instance``; raise ConfigError with a readable message."""
+    """Validate (and fill defaults into) ``instance`` in place; raise ConfigError with a readable message.
+
+    A grid validates the same blocks again and again (every setting of a paper resolves its methods' train blocks
+    alike; planning the full grid validated 2,524 blocks, 1.4 s of its 1.9 s configuration check): an instance
+    already found valid against the same schema object gets the defaults it was filled with, without a second walk
+    through the schema."""
+    key = None
+    if isinstance(instance, dict):
+        try:        # the keys in their order: a hit gives back the filled block exactly as validating it gave it
+            key = (id(schema), json.dumps(instance))
+        except (TypeError, ValueError):      # not plain JSON (a test's object): validated every time
+            pass
+    if key is not None and key in _VALID and _VALID[key][0] is schema:
+        instance.clear()
+        instance.update(json.loads(_VALID[key][1]))
+        return instance
     validator = _validator_with_defaults()(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         raise ConfigError("\n".join(f"{where}: {describe_error(e)}" for e in errors[:5]))
+    if key is not None:
+        _VALID[key] = (schema, json.dumps(instance))    # the schema kept with it: its id stays its own
     return instance
+
+
+_VALID: dict[tuple[int, str], tuple[dict, str]] = {}
 
 
 def describe_error(error) -> str:

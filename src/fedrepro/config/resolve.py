@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import pickle
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,14 @@ if TYPE_CHECKING:
 # what each numerics choice sets where a train block leaves it open: the authors' precision is fp32 unless the paper
 # file names their own (authors_numerics: {train: {precision: ...}}, e.g. FACMIC's and FAA-CLIP's fp16_weights)
 NUMERICS_PRECISION = {"authors": "fp32", "fast": "auto"}
+
+
+@lru_cache(maxsize=None)
+def resolved_train_schema(root: str) -> dict:
+    """The schema of a merged train block (paper.schema.yaml's ``resolved_train`` with its definitions), one object
+    per checkout: validation remembers what it found valid against it."""
+    schema = load_schema(root, "paper.schema.yaml")
+    return {"$defs": schema["$defs"], **schema["$defs"]["resolved_train"]}
 
 
 class Resolver:
@@ -138,8 +147,7 @@ class Resolver:
 
         check_choice(train["model"].get("family"), MODELS.names(), f"{where}/model/family")
         validate(train["model"], model_schema(train["model"]["family"]), f"{where}/model")
-        schema = load_schema(str(self.root.resolve()), "paper.schema.yaml")
-        return validate(train, {"$defs": schema["$defs"], **schema["$defs"]["resolved_train"]}, where)
+        return validate(train, resolved_train_schema(str(self.root.resolve())), where)
 
     def setting(self, paper: str, setting: str, protocol: str = "clean") -> dict:
         """The setting as runs of ``protocol`` read it: the ``dataset`` and the whole ``split`` its
