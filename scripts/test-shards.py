@@ -51,7 +51,13 @@ def assign(files: list[str], shards: int, seconds: dict[str, float]) -> list[lis
 
 
 def copy_checkout(dest: Path) -> Path:
-    """The checkout as git sees it (tracked and untracked, not ignored files), with its environment linked in."""
+    """The checkout as git sees it (tracked and untracked, not ignored files), with its environment linked in.
+
+    The copy is a git repository at the same commit (a shared clone: no objects copied) with this checkout's files
+    laid over it, so tests that ask git what the repository holds (tests/infra_support.copy_repo) see what they see
+    here, edits not yet committed included."""
+    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(ROOT), str(dest)], check=True)
+    subprocess.run(["git", "reset", "-q"], cwd=dest, check=True)     # the index at HEAD: tracked files stay tracked
     listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                              capture_output=True, check=True).stdout.decode().split("\0")
     for rel in filter(None, listing):
@@ -60,6 +66,8 @@ def copy_checkout(dest: Path) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel, follow_symlinks=False)
     (dest / ".venv").symlink_to(ROOT / ".venv")
+    with (dest / ".git/info/exclude").open("a") as exclude:     # a link, not a folder: '.venv/' would not match it
+        exclude.write("/.venv\n")
     return dest
 
 
