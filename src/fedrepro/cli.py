@@ -149,7 +149,7 @@ def cmd_table(args) -> None:
     project = _project(args)
     item = table_item(project, args.protocol, args.paper, args.table)
     check_inputs(project, table_inputs(item), args.out)
-    write_table(make_table(item), args.out, project.config["report"]["error_bars"])
+    write_table(make_table(item), args.out)
 
 
 def cmd_figure(args) -> None:
