@@ -19,7 +19,7 @@ import numpy as np
 from .. import paths
 from ..registry import register_figure_kind
 from .item import ReportItem, embedding_inputs
-from .plotting import pyplot, save_figure
+from .plotting import pyplot, save_figure, suptitle
 
 
 @register_figure_kind("tsne", inputs=embedding_inputs())
@@ -45,7 +45,7 @@ def tsne(item: ReportItem, out_png: Path) -> None:
         ax.set_xticks([])
         ax.set_yticks([])
         ax.legend(fontsize=6, markerscale=2, loc="best")
-    fig.suptitle(item.title + f"  (seed {seed}, global test set)")
+    suptitle(fig, item.title, f"seed {seed}, global test set")
     fig.tight_layout()
     save_figure(fig, out_png)
     plt.close(fig)

@@ -16,14 +16,6 @@ import numpy as np
 PLUS_MINUS = "mean ± half-width of the 95% t-interval of the mean"
 
 
-# what the figures' error bars show until they follow the one convention too (config report.error_bars)
-ERROR_BARS = {
-    "std": "sample standard deviation over seeds",
-    "se": "standard error of the mean over seeds",
-    "ci95": "half-width of the 95% t-interval of the mean over seeds",
-}
-
-
 def plus_minus(n: int | str) -> str:
     """"mean ± half-width of the 95% t-interval of the mean over n = 3 seeds": what a ± is, with its n."""
     return f"{PLUS_MINUS} over n = {n} seeds"
