@@ -183,7 +183,7 @@ def test_the_scorecard_carries_the_mark_and_its_footnote(tmp_path, monkeypatch):
     derived = card[card["derived"]]
     assert derived[["row", "column"]].values.tolist() == [["FedCLIP", "A"]]
     md = scorecard.render_markdown(card, "card")
-    assert "| acc | clean | FedCLIP | A | 65.50 |" in md and "| 70.00* |" in md
+    assert "| acc | clean | FedCLIP | A | 65.50 ± 6.35 |" in md and "| 70.00* |" in md
     assert f"* {P} acc: derived by fedrepro: expanded from the paper's formula." in md
 
 
