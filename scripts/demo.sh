@@ -10,7 +10,11 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . scripts/lib/forkserver.sh
 
-snakemake --cores "${CORES:-2}" --configfile=config/demo.yaml all "$@"
+# Stopped (Ctrl-C, a closed terminal)? Running this script again resumes: finished jobs are kept, a training job that
+# was cut off continues after its last round (resume.pt), and --rerun-incomplete restarts the jobs Snakemake marked
+# incomplete instead of refusing them (every output is written to a temporary name and renamed, so none is half-written)
+trap 'echo >&2; echo "Stopped: run bash scripts/demo.sh again to resume where it stopped." >&2' INT
+snakemake --cores "${CORES:-2}" --configfile=config/demo.yaml all --rerun-incomplete "$@"
 # the demo's results live in their own folder (config/demo.yaml: results_dir), never among the full grid's
 out=results/demo
 snakemake --cores 1 --configfile=config/demo.yaml report

@@ -76,6 +76,12 @@ def test_nothing_left_to_do_and_one_table_rebuilds_alone(pipeline):
     log = rebuild.stdout + rebuild.stderr
     assert "rule table:" in log or "localrule table:" in log
     assert "rule train:" not in log  # rebuilding a table runs no training
+    # the same table under another configuration's folder (the demo's): one line naming the folder this one writes to
+    misplaced = snakemake(work, "-n", "results/demo/tables/clean/foundation/accuracy.md", env=env)
+    assert misplaced.returncode == 1
+    assert ("fedrepro: results/demo/tables/clean/foundation/accuracy.md is not where this configuration (config/tiny.yaml) "
+            "writes: it writes to results/; did you mean results/tables/clean/foundation/accuracy.md?") in misplaced.stderr
+    assert "Traceback" not in misplaced.stderr and "Exception" not in misplaced.stderr
 
 
 def test_the_report_is_one_page_of_what_is_built(pipeline):
