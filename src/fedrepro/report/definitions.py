@@ -101,6 +101,7 @@ def report_definition(project: Project) -> dict:
                        "methods": method_entries(project, p, spec["methods"])}
                    for p, spec in project.papers.items()},
         "learning_bar": project.config.get("evidence"),
+        "margins": {f"{p}/{table}": margin_of(project, p, table) for _, p, table in project.plan.tables()},   # its verdicts
     }
 
 
