@@ -20,7 +20,7 @@ out=results/demo
 snakemake --cores 1 --configfile=config/demo.yaml report
 echo
 echo "Learning bar: $(grep -m1 'clear the bar' "$out/evidence/index.md" | tr -d '*') ($out/evidence/index.html)"
-echo "Scorecards: $out/scorecards/<paper>.html (did each published number reproduce?)"
+echo "Scorecards: $out/scorecards/<paper>.html (published vs measured; stand-in data, so no reproduction verdict)"
 echo "Tables:  $out/tables/<protocol>/<paper>/<table>.{md,csv,tex}"
 echo "Figures: $out/figures/<protocol>/<paper>/<figure>.{png,pdf}"
-echo "Report:  $out/report.html"
+echo "Report:  $out/report.html (start here: one row per paper, what reproduced and what learned)"
