@@ -139,7 +139,8 @@ def test_the_first_screen_answers_what_reproduced_what_learned_and_what_ran_on_s
     md.write_text(md.read_text().replace("(%).", f"(%). {stand_in_warning('Fashion-MNIST for the MRIs')}", 1))
     page = page_of(tiny)
     first = page[page.index("<table id='summary'>"):page.index("<h2")]
-    assert "<b>stand-in</b>" in first and "<b>accuracy</b> no verdict: stand-in data</span>" in first
+    assert "<b>stand-in</b>" in first and "<b>no verdict</b>: stand-in data. Tables: <span" in first
+    assert "<b>accuracy</b></span>" in first and "reproduced" not in first.split("<p class='legend'>")[0]
     assert "stand-in data and models, so no reproduction verdict" in page
     assert page.count("Fashion-MNIST for the MRIs. These numbers show whether") == 1    # the stand-in note once
 

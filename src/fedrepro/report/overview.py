@@ -322,7 +322,7 @@ def table_status(project: Project, item: Output, counts: dict[str, int] | None) 
     if not item.built:
         return "not built", "none"
     if stand_in(project, item.paper):
-        return "no verdict: stand-in data", "none"
+        return "", "none"             # the row says it once: no verdict on stand-in data
     if not counts:
         return "nothing published", "none"
     judged = sum(n for v, n in counts.items() if v in ("reproduced", "inconclusive", "above", "below"))
@@ -349,9 +349,11 @@ def summary(project: Project, outputs: list[Output]) -> str:
         for o in tables:
             text, tone = table_status(project, o, counts.get((paper, o.protocol, o.name)))
             label = o.name + (f" ({o.protocol})" if protocols else "")
-            chips.append(f"<span class='chip' style='background:{CHIP[tone]}'><b>{html.escape(label)}</b> "
-                         f"{html.escape(text)}</span>")
+            chips.append(f"<span class='chip' style='background:{CHIP[tone]}'><b>{html.escape(label)}</b>"
+                         + (f" {html.escape(text)}" if text else "") + "</span>")
         description = stand_in(project, paper)
+        if description and tables:
+            chips.insert(0, "<b>no verdict</b>: stand-in data. Tables: ")
         data = (f"<span title='{html.escape(description)}'><b>stand-in</b> ({html.escape(run_name() or 'stand-in run')}): "
                 f"not comparable to the paper</span>" if description else "the paper's own")
         learned, tone = learning_cell(project, paper)

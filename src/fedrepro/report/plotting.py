@@ -55,8 +55,7 @@ def save_figure(fig, out_png: str | Path) -> None:
     """Write ``out_png`` and the PDF beside it, each atomically; with :func:`data_note`'s line above everything."""
     out_png = Path(out_png)
     if _NOTE["text"]:     # above the figure's top edge, where no title or panel is; the tight box takes it in
-        fig.text(0.5, 1.005, wrap(fig, _NOTE["text"], 8.5), ha="center", va="bottom", fontsize=8.5, color="#8a4b00",
-                 fontweight="bold")
+        fig.text(0.5, 1.005, wrap(fig, _NOTE["text"], 8), ha="center", va="bottom", fontsize=8, color="#8a4b00")
     for path in (out_png, out_png.with_suffix(".pdf")):
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format=path.suffix[1:], dpi=150, bbox_inches="tight")
