@@ -17,7 +17,10 @@ PLUS_MINUS = "mean ± half-width of the 95% t-interval of the mean"
 
 
 def plus_minus(n: int | str) -> str:
-    """"mean ± half-width of the 95% t-interval of the mean over n = 3 seeds": what a ± is, with its n."""
+    """"mean ± half-width of the 95% t-interval of the mean over n = 3 seeds": what a ± is, with its n (one seed has
+    no interval, and says so)."""
+    if str(n) == "1":
+        return "the value of n = 1 seed (no interval: one seed)"
     return f"{PLUS_MINUS} over n = {n} seeds"
 
 
