@@ -11,7 +11,7 @@ bash scripts/setup.sh
 . scripts/lib/forkserver.sh
 
 # Stopped (Ctrl-C, a closed terminal)? Running this script again resumes: finished jobs are kept, a training job that
-# was cut off continues after its last round (resume.pt), and --rerun-incomplete restarts the jobs Snakemake marked
+# was cut off continues from its last checkpoint (resume.pt), and --rerun-incomplete restarts the jobs Snakemake marked
 # incomplete instead of refusing them (every output is written to a temporary name and renamed, so none is half-written)
 trap 'echo >&2; echo "Stopped: run bash scripts/demo.sh again to resume where it stopped." >&2' INT
 snakemake --cores "${CORES:-2}" --configfile=config/demo.yaml all --rerun-incomplete "$@"
