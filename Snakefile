@@ -20,6 +20,9 @@ include: "workflow/rules/downstream.smk"
 include: "workflow/rules/report.smk"
 
 
+from fedrepro import targets
+
+
 rule all:
     default_target: True
     input:
@@ -30,3 +33,14 @@ rule all_weights:
     """Every pretrained-weights resource the configuration loads, and nothing else (weights jobs only)."""
     input:
         JOBS.all_weights,
+
+
+rule misplaced_target:
+    """A target under another configuration's results folder (results/tables/... where this one writes to
+    results/demo/): one line naming the folder this configuration writes to (fedrepro.targets), no job."""
+    output:
+        "{misplaced}",
+    wildcard_constraints:
+        misplaced=targets.misplaced_pattern(),
+    input:
+        lambda wildcards: targets.refuse_misplaced(wildcards.misplaced, workflow.overwrite_configfiles),

@@ -25,11 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BLOCK = "demo:measured"
 
 
-def paper_name(project, paper: str) -> str:
-    """"FACMIC" of "FACMIC (MICCAI 2024) on the embedded demo data"."""
-    return project.papers[paper].get("title", paper).split()[0].rstrip(":")
-
-
 def bar_words(rows: pd.DataFrame) -> str:
     chance, threshold = float(rows["chance"].iloc[0]), float(rows["threshold"].iloc[0])
     if rows["task"].iloc[0] == "retrieval":
@@ -40,7 +35,7 @@ def bar_words(rows: pd.DataFrame) -> str:
 def render(project, scores: pd.DataFrame, measured: str) -> str:
     """The block: the verdict over every row, then per paper its rows' means in %, in the order of the runs."""
     from fedrepro.report.evidence import summary_table
-    from fedrepro.report.item import method_labels
+    from fedrepro.report.item import method_labels, short_title
 
     summary = summary_table(scores)
     clear = int(summary["cleared"].sum())
@@ -56,7 +51,7 @@ def render(project, scores: pd.DataFrame, measured: str) -> str:
             label = labels[r["method"]] + (f" on {r['setting']}" if several else "")
             label += f" ({r['protocol']} protocol)" if both and r["protocol"] != "clean" else ""
             cells.append(f"{label} {100 * r['mean']:.1f}" if not math.isnan(r["mean"]) else f"{label} –")
-        lines.append(f"| {paper_name(project, paper)} ({bar_words(scores[scores['paper'] == paper])}) | "
+        lines.append(f"| {short_title(project, paper)} ({bar_words(scores[scores['paper'] == paper])}) | "
                      f"{', '.join(cells)} |")
     return "\n".join(lines)
 

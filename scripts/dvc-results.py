@@ -26,7 +26,9 @@ pull   downloads the stages (default: manifests if they were pushed, splits, run
        pulled files without training, downstream, download or feature jobs, and ``snakemake --report`` builds.
 
 Both refuse a configuration whose ``results_dir`` is not the folder dvc.yaml's stages hold (``results``, the full
-grid's): the demo and the evidence run keep their results in their own folders, so a push never carries them.
+grid's): the demo and the evidence run keep their results in their own folders, so a push never carries them. To try
+the round trip with the demo, add the overlay ``config/dvc-overlay.yaml`` (``results_dir: results``) after its config
+file, in a clone made for trying (README, "Sharing results with DVC").
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ PUSHED_ONLY_BY_NAME = {
     "manifests": "per-image metadata, with MIMIC-CXR's report text (caption column)",
 }
 NOTHING_TO_DO = "Nothing to be done"
+OVERLAY = "config/dvc-overlay.yaml"     # results_dir: results, for trying the round trip with the demo
 
 
 class Failure(RuntimeError):
@@ -102,6 +105,11 @@ def config_files(snakemake_args: list[str]) -> list[str]:
 def check_results_dir(root: Path, snakemake_args: list[str], known: dict[str, list[str]]) -> None:
     """Refuse a configuration whose results are not where dvc.yaml's results stages are. The Snakefile reads
     config/config.yaml, then the --configfile files (later ones win); only ``results_dir`` matters here."""
+    from fedrepro.targets import swallowed_message
+
+    swallowed = swallowed_message(snakemake_args)          # `--configfile a.yaml all`: `all` read as a config file
+    if swallowed:
+        raise Failure(swallowed.removeprefix("fedrepro: "))
     files = ["config/config.yaml", *config_files(snakemake_args)]
     folder = "results"
     for name in files:
@@ -112,10 +120,14 @@ def check_results_dir(root: Path, snakemake_args: list[str], known: dict[str, li
             raise Failure(f"cannot read the config file {name}: {error}") from None
     shared = str(Path(known["runs"][0]).parent)
     if Path(folder) != Path(shared):
-        raise Failure(f"this configuration ({' '.join(files[1:])}) keeps its results in {folder}/ (its results_dir), which "
+        given = " ".join(files[1:])
+        raise Failure(f"this configuration ({given}) keeps its results in {folder}/ (its results_dir), which "
                       f"no stage of dvc.yaml holds: the stages share {shared}/, the full grid's results "
                       f"(config/config.yaml). The demo and the evidence run have their own folders so that a push of "
-                      f"real results never carries them; push and pull the full grid's.")
+                      f"real results never carries them. To try the round trip with them anyway, in a clone made for "
+                      f"trying, build and push with the overlay {OVERLAY} after the config files (results_dir: "
+                      f"{shared}): snakemake --cores 2 all --configfile {given} {OVERLAY}, then scripts/dvc-results.py "
+                      f"push -- --configfile {given} {OVERLAY} (README, \"Sharing results with DVC\").")
 
 
 def pending_jobs(snakemake_args: list[str]) -> int:

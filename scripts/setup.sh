@@ -27,6 +27,12 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     echo "$WANT" > "$STAMP"
 fi
 
+# `snakemake --configfile config/demo.yaml all` would read `all` as a config file and fail with a traceback before
+# the workflow is read: a one-line .pth makes every Python of .venv check a snakemake command line first
+# (fedrepro.snakemake_guard, which says in one line how to write it)
+.venv/bin/python -c "import sysconfig, pathlib; from fedrepro.snakemake_guard import PTH, PTH_LINE; \
+pathlib.Path(sysconfig.get_path('purelib'), PTH).write_text(PTH_LINE)"
+
 # Fashion-MNIST for the demo ships as a Debian package (no internet needed beyond the package mirror)
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     if [ "$(id -u)" = 0 ]; then

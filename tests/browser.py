@@ -31,7 +31,8 @@ def chromium_driver():
 
 
 def rendered(page: Path, screenshot: Path) -> dict:
-    """Load ``page``; -> what rendered: its images (loaded or broken), table ids and row counts."""
+    """Load ``page``; -> what rendered: its images (loaded or broken), table ids, row counts and where each table ends
+    (``bottom``, against the window's height ``viewport``: on the first screen or not)."""
     driver = chromium_driver()
     try:
         driver.get(page.resolve().as_uri())
@@ -39,8 +40,8 @@ def rendered(page: Path, screenshot: Path) -> dict:
             const imgs = Array.from(document.images).map(i => ({src: i.getAttribute('src'), id: i.id,
                 ok: i.complete && i.naturalWidth > 0, width: i.naturalWidth}));
             const tables = Array.from(document.querySelectorAll('table')).map(t => ({id: t.id,
-                rows: t.querySelectorAll('tbody tr').length}));
-            return {images: imgs, tables: tables, text: document.body.innerText};""")
+                rows: t.querySelectorAll('tbody tr').length, bottom: t.getBoundingClientRect().bottom}));
+            return {images: imgs, tables: tables, text: document.body.innerText, viewport: window.innerHeight};""")
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(screenshot))
         return state

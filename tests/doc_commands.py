@@ -117,10 +117,10 @@ PLUGIN = ("needs the example plug-in installed: tests/test_plugin_example.py ins
 HOW: dict[str, How] = {
     # ---- README: two commands
     "bash scripts/demo.sh": Skip("the demo itself (8 minutes; run by the integrator): its DAG is planned below "
-                                 "(snakemake -n --configfile=config/demo.yaml all) and its report rule runs in "
+                                 "(snakemake -n --configfile=config/demo.yaml all --quiet rules) and its report rule runs in "
                                  "tests/test_pipeline.py"),
     "bash scripts/test.sh": Skip(SUITE),
-    "snakemake --cores 2 --configfile=config/demo.yaml all": DRY,
+    "snakemake --cores 2 --configfile=config/demo.yaml all --rerun-incomplete": DRY,
     "snakemake --cores 1 --configfile=config/demo.yaml report": Run("localrule report:", "Finished"),
     "bash scripts/evidence.sh": Skip("the evidence run (hours); its slice runs in tests/test_evidence_run.py"),
     "bash scripts/evidence.sh tests/data/evidence-slice.yaml": Skip("tests/test_evidence_run.py runs it"),
@@ -135,8 +135,9 @@ HOW: dict[str, How] = {
     "snakemake --profile slurm results/tables/clean/facmic/table2.md": DRY,
     "snakemake --cores 8 results/tables/clean/fediic/table1.md": DRY,
     "snakemake --profile slurm results/scorecards/facmic.html": DRY,
-    "snakemake -n all": RUN,
-    "snakemake -n --configfile=config/demo.yaml all": RUN,
+    "snakemake -n all --quiet rules": Run("Job stats", "train"),
+    "snakemake -n all": RUN,                  # what benchmarks/dag_scale.py times (README "Benchmarks")
+    "snakemake -n --configfile=config/demo.yaml all --quiet rules": Run("Job stats", "train"),
     "snakemake --cores 1 report": Run("localrule report:", "Finished"),
     "snakemake all --configfile config/demo.yaml": DRY,
     "fedrepro download <dataset> --check": Instead("fedrepro download demo_bt --check", "a concrete dataset, placed "
@@ -162,6 +163,14 @@ HOW: dict[str, How] = {
     "scripts/dvc-results.py push -- --configfile config/config.yaml": Skip(NEEDS_PUSH),
     "scripts/dvc-results.py pull -- --configfile config/config.yaml": Skip(NEEDS_PUSH),
     "snakemake -n all --configfile config/config.yaml": RUN,
+    "snakemake --cores 2 all --configfile config/demo.yaml config/dvc-overlay.yaml": DRY,
+    "scripts/dvc-results.py push -- --configfile config/demo.yaml config/dvc-overlay.yaml": Skip(
+        "the demo's own run first (minutes); " + NEEDS_PUSH + ", with the same overlay"),
+    "git clone . ../fedrepro-pulled && cd ../fedrepro-pulled && . \"$OLDPWD/.venv/bin/activate\"": Skip(
+        "a clone beside this checkout; tests/test_dvc.py clones into its own scratch folder"),
+    "scripts/dvc-results.py pull -- --configfile config/demo.yaml config/dvc-overlay.yaml": Skip(NEEDS_PUSH),
+    "snakemake --cores 1 report --configfile config/demo.yaml config/dvc-overlay.yaml": Skip(
+        "after the pull: tests/test_dvc.py builds the report from the pulled files"),
     # ---- README: protocols, migration
     "mv results/runs results/runs-old && mkdir results/runs && mv results/runs-old results/runs/clean": Run(
         setup=("mkdir -p results/runs/facmic",)),

@@ -1,6 +1,8 @@
 """Results through DVC: separate targets per pipeline stage, a default remote that needs no setup, and
 the round trip a user makes: run -> push -> fresh clone -> pull -> nothing to do -> every table, figure and
-scorecard rebuilds from the pulled files without training, and the report builds."""
+scorecard rebuilds from the pulled files without training, and the report builds. It is made as README shows it for the
+demo: a configuration with a results folder of its own, and the overlay config/dvc-overlay.yaml that puts it where
+dvc.yaml's stages are."""
 
 from __future__ import annotations
 
@@ -54,6 +56,26 @@ def test_default_remote_is_a_local_directory_and_pull_skips_heavy_targets():
     assert set(module.DEFAULT_PULL) <= set(STAGE_OUTS)
 
 
+def dvc_results():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dvc_results", REPO / "scripts/dvc-results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_demo_is_refused_with_the_overlay_that_lets_it_through():
+    module = dvc_results()
+    known = module.stage_outputs(REPO)
+    with pytest.raises(module.Failure, match=r"keeps its results in results/demo/ .* --configfile config/demo.yaml "
+                                             r"config/dvc-overlay.yaml"):
+        module.check_results_dir(REPO, ["--configfile", "config/demo.yaml"], known)
+    module.check_results_dir(REPO, ["all", "--configfile", "config/demo.yaml", module.OVERLAY], known)
+    with pytest.raises(module.Failure, match=r"--configfile read 'all' as a config file"):      # the target swallowed
+        module.check_results_dir(REPO, ["--configfile", "config/demo.yaml", module.OVERLAY, "all"], known)
+
+
 def job_counts(output: str) -> dict[str, int]:
     """The "Job stats" table of a Snakemake run -> {rule: count}."""
     table = output[output.index("Job stats:"):]
@@ -62,6 +84,8 @@ def job_counts(output: str) -> dict[str, int]:
 
 
 SHARING = "tests/data/infra/sharing.yaml"      # the tiny grid + a downstream result, an embedding and the evidence page
+OWN_FOLDER = "tests/data/infra/own-folder.yaml"   # ... in a results folder of its own, as the demo's
+OVERLAY = "config/dvc-overlay.yaml"            # results_dir: results (README: the round trip with the demo)
 HEAVY = {"download", "prepare", "split", "image_cache", "features", "weights", "train", "downstream", "embed"}
 
 
@@ -76,7 +100,13 @@ def test_push_fresh_clone_pull_then_every_output_and_the_report_rebuild_without_
     run(["git", "init", "-q", "-b", "main"], origin, env)
     run(["git", "add", "-A"], origin, env)
     run(["git", "commit", "-q", "-m", "checkout"], origin, env)
-    configs = ["--configfile", TINY_CONFIG, SHARING]
+    # the grid in a folder of its own, as the demo's, brought to dvc.yaml's results/ by the overlay README shows for the
+    # demo: without the overlay a push is refused, naming it
+    refused = run(["python", "scripts/dvc-results.py", "push", "--", "--configfile", TINY_CONFIG, SHARING, OWN_FOLDER],
+                  origin, env, check=False)
+    assert refused.returncode == 1 and "keeps its results in results/tiny/" in refused.stderr
+    assert f"--configfile {TINY_CONFIG} {SHARING} {OWN_FOLDER} {OVERLAY}" in refused.stderr
+    configs = ["--configfile", TINY_CONFIG, SHARING, OWN_FOLDER, OVERLAY]
     push = ["python", "scripts/dvc-results.py", "push", "--", *configs]
 
     refused = run(push, origin, env, check=False)

@@ -152,7 +152,11 @@ def test_the_curves_say_what_they_show(project, monkeypatch):
     labels = [t.get_text() for ax in axes for t in ax.get_legend().get_texts()]
     assert "Ours (fedadapterproto) (evaluated every 2 rounds)" in labels
     page = evidence.markdown(evidence.summary_table(evidence.score_runs(project)), project)
-    assert "| measured |" in page and "| ours |" not in page and "| Ours (fedadapterproto) |" in page
+    assert "| ours |" not in page and "| Ours (fedadapterproto) |" in page
+    n = len(project.seeds)
+    assert f"| measured (mean ± 95% CI, n = {n}) |" in page                 # what ± is, with its n (issue 43)
+    assert f"mean ± half-width of the 95% t-interval of the mean over n = {n} seeds" in page
+    assert "every seed's value: [bar.csv](bar.csv)" in page
 
 
 def test_labels_that_would_be_misread_carry_the_variant_key(root):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,6 +49,7 @@ from fedrepro.models.protoadapter import (
 from fedrepro.registry import dataset, method_class, model_class
 
 ROOT = Path(__file__).resolve().parents[1]
+ARTEFACTS = ROOT / "results" / "test-artefacts"     # files a human may want to look at after a CI run
 
 
 # --------------------------------------------------------------------------------------------
@@ -644,3 +646,13 @@ def test_demo_run_end_to_end(tmp_path, monkeypatch):
 
     draw_figure(project, "fedadapterproto", "fig4", tmp_path / "fig4.png")
     assert (tmp_path / "fig4.png").stat().st_size > 10_000 and (tmp_path / "fig4.pdf").is_file()
+    # issue 43: at stride 32 the 32-px demo had a one-cell map (every "patch" the whole image); the demo's
+    # output_stride 16 gives a map a prototype can be seen firing on, and its similarity keeps its own scale (-d <= 0)
+    with np.load(paths.embedding(key, "fig4")) as figure:
+        assert tuple(figure["map_shape"]) == (2, 2) and str(figure["activation"]) == "linear"
+        assert str(figure["upsampling"]) == "nearest"                 # 4 cells: shown as cells, not interpolated
+        assert (figure["similarity"] <= 0).all()
+        boxes = figure["box"]
+        assert ((boxes[..., 1] - boxes[..., 0] + 1) == 16).all()     # the box is its best cell, not the whole image
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)          # for a human to look at after a CI run
+    shutil.copy(tmp_path / "fig4.png", ARTEFACTS / "fedadapterproto-fig4.png")

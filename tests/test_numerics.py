@@ -145,6 +145,6 @@ def test_a_table_of_fast_runs_says_so_in_its_caption():
     from fedrepro.report.tables import make_caption
 
     spec = {"title": "T"}
-    assert "fast numerics" not in make_caption(spec, "t", None, {"clean"}, {"last"}, "std", 3, numerics={"authors"})
-    caption = make_caption(spec, "t", None, {"clean"}, {"last"}, "std", 3, numerics={"authors", "fast"})
+    assert "fast numerics" not in make_caption(spec, "t", None, {"clean"}, {"last"}, 3, numerics={"authors"})
+    caption = make_caption(spec, "t", None, {"clean"}, {"last"}, 3, numerics={"authors", "fast"})
     assert "Computed with the fast numerics" in caption and "(some runs)" in caption

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,6 +15,7 @@ import yaml
 from conftest import copy_repo_skeleton
 
 pytestmark = pytest.mark.slow
+ARTEFACTS = Path(__file__).resolve().parents[1] / "results" / "test-artefacts"   # for a human to look at after CI
 
 
 def snakemake(workdir, *args, env=None):
@@ -76,6 +78,12 @@ def test_nothing_left_to_do_and_one_table_rebuilds_alone(pipeline):
     log = rebuild.stdout + rebuild.stderr
     assert "rule table:" in log or "localrule table:" in log
     assert "rule train:" not in log  # rebuilding a table runs no training
+    # the same table under another configuration's folder (the demo's): one line naming the folder this one writes to
+    misplaced = snakemake(work, "-n", "results/demo/tables/clean/foundation/accuracy.md", env=env)
+    assert misplaced.returncode == 1
+    assert ("fedrepro: results/demo/tables/clean/foundation/accuracy.md is not where this configuration (config/tiny.yaml) "
+            "writes: it writes to results/; did you mean results/tables/clean/foundation/accuracy.md?") in misplaced.stderr
+    assert "Traceback" not in misplaced.stderr and "Exception" not in misplaced.stderr
 
 
 def test_the_report_is_one_page_of_what_is_built(pipeline):
@@ -92,6 +100,15 @@ def test_the_report_is_one_page_of_what_is_built(pipeline):
     assert "<b>accuracy.</b>" in page and "<td>FedCLIP</td>" in page and "Not built yet" not in page
     assert "foundation (clean): " in page and "published numbers" in page
     assert page.count("src='data:image/png;base64,") >= 3            # two figures and the rule graph
+    # issue 43: in a browser, the first screen answers what reproduced, what learned and what ran on stand-in data
+    from browser import rendered
+
+    state = rendered(work / "results/report.html", ARTEFACTS / "report-first-screen.png")
+    summary = [t for t in state["tables"] if t["id"] == "summary"]
+    assert summary and summary[0]["rows"] >= 1 and summary[0]["bottom"] <= state["viewport"], state["tables"]
+    first = state["text"][:state["text"].index("What ran")]
+    assert "did the published numbers reproduce?" in first and "did every method learn?" in first
+    assert "stand-in" in first and "no verdict: stand-in data" in first       # the demo twin's data: no verdict
     rerun = snakemake(work, "-n", "report", env=env)
     assert "Nothing to be done" in rerun.stdout + rerun.stderr
     result = snakemake(work, "--report", "results/snakemake-report.html", "report", env=env)

@@ -332,7 +332,7 @@ def test_the_scorecard_lists_the_extension_cells_as_unpublished_and_does_not_cou
     card = scorecard.build([("p", "t", "clean", csv)], {("p", "t"): {"rows": {"Mine"}, "columns": set(), "all": False}})
     assert list(zip(card["row"], card["verdict"])) == [("FedAvg", "reproduced"), ("Mine", "unpublished")]
     line = scorecard.summary_line(card)
-    assert line.startswith("p (clean): 1 of the 1 published numbers that could be judged reproduced"), line
+    assert line.startswith("p (clean): of the 1 published numbers that could be judged, 1 reproduced"), line
     assert line.endswith("And 1 numbers of the extension, which have no published value."), line
     assert len(scorecard.build([("p", "t", "clean", csv)])) == 1      # without an extension: as before
 

@@ -336,7 +336,7 @@ def test_split_sizes_get_their_own_scorecard_panel(tmp_path):
     from fedrepro.report import scorecard
 
     acc = tmp_path / "table2.csv"
-    pd.DataFrame([{"row": "FedAvg", "column": "BT", "mean": 66.0, "ci95": 2.0, "n": 3, "published": 66.24},
+    pd.DataFrame([{"row": "FedAvg", "column": "BT", "mean": 66.0, "ci95": 0.5, "n": 3, "published": 66.24},
                   {"row": "FACMIC", "column": "BT", "mean": 80.0, "ci95": 2.0, "n": 3, "published": 85.0}]).to_csv(acc, index=False)
     counts = tmp_path / "table1.csv"
     pd.DataFrame([{"row": "client0", "column": "BT α=0.3", "mean": 2075.0, "ci95": float("nan"), "n": 1, "published": 2075},
@@ -347,8 +347,8 @@ def test_split_sizes_get_their_own_scorecard_panel(tmp_path):
     data = card[card["quantity"] == "data"].set_index("row")
     assert data["verdict"].to_dict() == {"client0": "reproduced", "client1": "above", "global_test": "reproduced"}
     line = scorecard.summary_line(card)
-    assert line.startswith("facmic (paper): 1 of the 2 published numbers that could be judged reproduced"), line
-    assert "the whole measured interval lies below the published value for 1" in line, line
+    assert line.startswith("facmic (paper): of the 2 published numbers that could be judged, 1 reproduced"), line
+    assert "and 1 below the published value (the whole interval beyond the margin: not reproduced)" in line, line
     assert line.endswith("Split sizes and data statistics: 2 of 3 as published (1 larger)."), line
     files = scorecard.ScorecardFiles.at(tmp_path / "out" / "facmic")
     scorecard.write(card, "FACMIC", files)
@@ -357,5 +357,5 @@ def test_split_sizes_get_their_own_scorecard_panel(tmp_path):
     scorecard.write(card[card["quantity"] == "results"], "FACMIC", files)
     with Image.open(files.png) as results_only:
         assert width > 1.6 * results_only.size[0]          # a second panel beside the results
-    assert "| table1 | paper | client1 | BT α=0.3 | 390.00 | – | 1 | 389.00 | 1.00 | above |" in \
+    assert "| table1 | paper | client1 | BT α=0.3 | 390.00 | 1 | 389.00 | 1.00 | exact | above |" in \
         scorecard.render_markdown(card, "FACMIC")

@@ -15,6 +15,7 @@ from fedrepro.cli import main as cli
 from fedrepro.config import load_project
 from fedrepro.io import write_json
 from fedrepro.report import overview
+from fedrepro.report.item import stand_in_warning
 
 TINY = "tests/data/infra/config.yaml"       # one paper, one setting, one method: table `accuracy`, figure `curves`
 DOT = """digraph snakemake_dag {
@@ -65,12 +66,14 @@ def test_one_table_built_is_a_report_of_that_table(tiny):
     assert "Seeds: 2 of the 2 configured (0, 1) have runs: 0, 1." in page
     assert ("Numerics: precision bf16 (1 run), fp32 (1 run); frozen encoder fp32 (2 runs); large JPEGs DCT-scaled "
             "(2 runs); device cuda (1 run), cpu (1 run).") in page
-    assert "<td>FedCLIP</td><td>49.65 ± 0.49</td>" in page                        # the table, at its 2 decimals
+    assert "<td>FedCLIP</td><td>49.65 ± 4.41</td>" in page                        # the table, at its 2 decimals
     assert "49.652" not in page                                                   # never the long-form CSV
-    assert "<b>accuracy.</b> Global test accuracy (%). Measured here: mean" in page    # with its caption
+    assert ("<b>accuracy.</b> Global test accuracy (%). Measured here: mean ± half-width of the 95% t-interval of the "
+            "mean over n = 2 seeds") in page                                       # with its caption: what ± is
+    # every seed's value one click away, relative to the page
+    assert "<a href='tables/clean/foundation/accuracy.seeds.csv'>accuracy.seeds.csv</a>" in page
     assert ("<code>snakemake results/figures/clean/foundation/curves.png --cores all --configfile config/config.yaml "
             "tests/data/infra/config.yaml</code>") in page
-    assert "No scorecard yet: snakemake results/scorecards/foundation.html --cores all" in page
     assert "<h3>Figures</h3>" not in page
 
 
@@ -103,6 +106,43 @@ def test_the_verdict_of_the_learning_bar_is_in_the_papers_section(tiny):
     assert ("0 of 1 (setting, method) rows clear the learning bar with every seed; 0 fall below it with the reason "
             "their paper file gives, 1 without one.") in page
     assert "Below the bar: FedCLIP on bt_iid (clean), measured 50.0% against a bar of 50.0% (1/2 seeds passed)." in page
+    first = page[page.index("<table id='summary'>"):page.index("<h2")]
+    assert "0 of 1 clear the bar; 1 below (0 with a reason on file)" in first
+
+
+def _built_table(project, published: float, mean: float, ci95: float) -> None:
+    """The tiny grid's table as its job writes it (its .md and .csv), with a published value."""
+    md = Path(paths.table("clean", "foundation", "accuracy"))
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text("**accuracy.** Global test accuracy (%).\n\n| | BT (17 MRIs) |\n|---|---|\n| FedCLIP | x |\n")
+    pd.DataFrame([{"row": "FedCLIP", "column": "BT (17 MRIs)", "mean": mean, "std": 1.0, "se": 1.0, "ci95": ci95, "n": 2,
+                   "published": published, "delta": mean - published}]).to_csv(md.with_suffix(".csv"), index=False)
+
+
+def test_the_first_screen_answers_what_reproduced_what_learned_and_what_ran_on_stand_ins(tiny):
+    """Issue 43: the report opens on one summary across the papers, linked to each section: per paper what data it ran
+    on, per table how its published numbers fell (the scorecard's equivalence verdict) or why there is none, and
+    whether every method learned."""
+    _built_table(tiny, published=50.0, mean=49.6, ci95=0.3)       # [49.3, 49.9] within 50 ± 2
+    page = page_of(tiny)
+    first = page[page.index("<table id='summary'>"):page.index("<h2")]
+    assert "<a href='#foundation'><b>foundation</b></a>" in first and "the paper's own" in first
+    assert "<b>accuracy</b> 1/1 reproduced</span>" in first
+    assert "no learning bar in this configuration" in first and "2/2 runs, 1/1 tables, 0/1 figures" in first
+    assert "mean ± half-width of the 95% t-interval of the mean over the n seeds" in first      # what ± is
+    assert page.index("id='summary'") < page.index("<h2 id='foundation'")
+    _built_table(tiny, published=50.0, mean=49.6, ci95=4.41)      # the same mean, noisier: these seeds cannot tell
+    assert "<b>accuracy</b> 0/1 reproduced, 1 inconclusive</span>" in page_of(tiny)
+    # stand-in data: the row says so, and no table gets a verdict
+    tiny.papers["foundation"]["stand_in"] = "Fashion-MNIST for the MRIs"
+    md = Path(paths.table("clean", "foundation", "accuracy"))      # its caption says it too, as every stand-in table's
+    md.write_text(md.read_text().replace("(%).", f"(%). {stand_in_warning('Fashion-MNIST for the MRIs')}", 1))
+    page = page_of(tiny)
+    first = page[page.index("<table id='summary'>"):page.index("<h2")]
+    assert "<b>stand-in</b>" in first and "<b>no verdict</b>: stand-in data. Tables: <span" in first
+    assert "<b>accuracy</b></span>" in first and "reproduced" not in first.split("<p class='legend'>")[0]
+    assert "stand-in data and models, so no reproduction verdict" in page
+    assert page.count("Fashion-MNIST for the MRIs. These numbers show whether") == 1    # the stand-in note once
 
 
 def test_the_rule_graph_is_read_from_snakemake_and_drawn(tmp_path):

@@ -12,13 +12,52 @@ from fedrepro.report import scorecard
 ARTEFACTS = Path(__file__).resolve().parents[1] / "results" / "test-artefacts"
 
 
-def test_verdicts_against_the_95_percent_interval():
-    assert scorecard.verdict(80.0, 2.0, 3, 79.0) == "reproduced"
-    assert scorecard.verdict(80.0, 2.0, 3, 82.0) == "reproduced"      # on the edge counts as inside
-    assert scorecard.verdict(80.0, 2.0, 3, 77.5) == "above"           # ours higher than published
-    assert scorecard.verdict(80.0, 2.0, 3, 82.5) == "below"
+def test_verdicts_are_an_equivalence_test_that_noise_cannot_pass():
+    """Issue 43: "the published value inside the interval" let a noisier run reproduce more easily than a precise one.
+    Now the whole 95% interval must lie within published ± margin; a wider interval can only make it harder."""
+    assert scorecard.verdict(80.0, 0.5, 3, 79.0, margin=2.0) == "reproduced"     # [79.5, 80.5] within [77, 81]
+    assert scorecard.verdict(80.0, 1.0, 3, 81.0, margin=2.0) == "reproduced"     # on the edge (79 = 81 - 2) counts
+    # the same mean, noisier: the interval reaches past the margin, so these seeds cannot tell
+    assert scorecard.verdict(80.0, 3.0, 3, 79.0, margin=2.0) == "inconclusive"
+    assert scorecard.verdict(80.0, 30.0, 3, 80.0, margin=2.0) == "inconclusive"  # centred, but wider than the band
+    # the old rule's "reproduced" for a published value just inside a wide interval is now inconclusive
+    assert scorecard.verdict(46.61, 5.53, 3, 49.41, margin=2.0) == "inconclusive"
+    assert scorecard.verdict(80.0, 0.5, 3, 77.0, margin=2.0) == "above"          # [79.5, 80.5] wholly above 79
+    assert scorecard.verdict(80.0, 0.5, 3, 83.0, margin=2.0) == "below"          # wholly below 81
     assert scorecard.verdict(80.0, math.nan, 1, 80.0) == "no interval"
     assert scorecard.verdict(math.nan, math.nan, 0, 80.0) == "not run"
+
+
+def test_the_margin_comes_from_the_table_then_the_paper_then_the_configuration():
+    from types import SimpleNamespace
+
+    project = SimpleNamespace(config={"report": {"equivalence_margin": 1.5}},
+                              papers={"p": {"equivalence_margin": 3.0, "tables": {"t1": {}, "t2": {"equivalence_margin": {"relative": 0.05}}}},
+                                      "q": {"tables": {"t": {}}}})
+    assert scorecard.margin_of(project, "p", "t1") == 3.0
+    assert scorecard.margin_of(project, "q", "t") == 1.5
+    relative = scorecard.margin_of(project, "p", "t2")
+    assert scorecard.margin_value(relative, 0.63) == pytest.approx(0.0315)      # 5% of a time in minutes
+    # the schema's default is the module's (one number, stated before any result)
+    import yaml
+
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["properties"]["report"]["properties"]["equivalence_margin"]["default"] == scorecard.DEFAULT_MARGIN
+
+
+def test_stand_in_data_gets_no_reproduction_verdict(tmp_path):
+    """Issue 43: the demo's FedIIC FedAvg "46.61 [41.08, 52.13] vs 49.41 -> reproduced" under a note that a verdict
+    there says nothing about the paper. On stand-in data no cell is judged, data cells included."""
+    t1 = _table(tmp_path, "table1", [{"row": "FedAvg", "column": "BACC", "mean": 46.61, "ci95": 5.53, "n": 3, "published": 49.41}])
+    counts = _table(tmp_path, "sizes", [{"row": "client0", "column": "x", "mean": 10.0, "ci95": math.nan, "n": 1, "published": 10.0}])
+    card = scorecard.build([("fediic", "table1", "clean", t1), ("fediic", "sizes", "clean", counts, "split_counts")],
+                           stand_ins={"fediic"})
+    assert set(card["verdict"]) == {"stand-in data"}
+    line = scorecard.summary_line(card, "FedIIC")
+    assert line.startswith("FedIIC (clean): stand-in data and models, so no reproduction verdict") and "reproduced" not in line
+    files = scorecard.ScorecardFiles.at(tmp_path / "out" / "fediic")
+    scorecard.write(card, "FedIIC", files, ["FedIIC: Fashion-MNIST for ISIC."])
+    assert "reproduced" not in files.html.read_text().split("<table")[1].split("</table>")[0]
 
 
 def _table(tmp_path, name, records):
@@ -30,7 +69,7 @@ def _table(tmp_path, name, records):
 def test_scorecard_cells_summary_and_rendering(tmp_path):
     nan = float("nan")
     t2 = _table(tmp_path, "table2", [
-        {"row": "FedAvg", "column": "BT", "mean": 66.0, "std": 1.0, "se": 0.58, "ci95": 2.48, "n": 3, "published": 66.24, "delta": -0.24},
+        {"row": "FedAvg", "column": "BT", "mean": 66.0, "std": 0.24, "se": 0.14, "ci95": 0.6, "n": 3, "published": 66.24, "delta": -0.24},
         {"row": "FedAvg", "column": "SC", "mean": 40.0, "std": 1.0, "se": 0.58, "ci95": 2.48, "n": 3, "published": 48.30, "delta": -8.3},
         {"row": "FedAvg", "column": "avg", "mean": 53.0, "std": 1.0, "se": 0.58, "ci95": 2.48, "n": 3, "published": nan, "delta": nan},
         {"row": "FACMIC", "column": "BT", "mean": nan, "std": nan, "se": nan, "ci95": nan, "n": 0, "published": 82.74, "delta": nan},
@@ -42,11 +81,12 @@ def test_scorecard_cells_summary_and_rendering(tmp_path):
     assert clean.loc[("FedAvg", "SC"), "verdict"] == "below"
     assert clean.loc[("FACMIC", "BT"), "verdict"] == "not run"
     assert clean.loc[("FedAvg", "SC"), "delta"] == pytest.approx(-8.3)
-    assert clean.loc[("FedAvg", "BT"), "ci_low"] == pytest.approx(66.0 - 2.48)
+    assert clean.loc[("FedAvg", "BT"), "ci_low"] == pytest.approx(66.0 - 0.6)
+    assert clean.loc[("FedAvg", "BT"), "margin"] == scorecard.DEFAULT_MARGIN
     line = scorecard.summary_line(card)
-    assert ("facmic (clean): 1 of the 2 published numbers that could be judged reproduced (the published value lies "
-            "inside the 95% interval of the measured mean); the whole measured interval lies below the published value "
-            "for 1. Not judged: 1 not run here.") in line.splitlines()
+    assert ("facmic (clean): of the 2 published numbers that could be judged, 1 reproduced (the whole 95% interval of "
+            "the measured mean within the equivalence margin of the published value) and 1 below the published value "
+            "(the whole interval beyond the margin: not reproduced). Not judged: 1 not run here.") in line.splitlines()
     files = scorecard.ScorecardFiles.at(tmp_path / "out" / "facmic")
     scorecard.write(card, "FACMIC scorecard", files, ["FACMIC: Fashion-MNIST domains for BT."])
     page = files.html.read_text()
@@ -55,8 +95,10 @@ def test_scorecard_cells_summary_and_rendering(tmp_path):
     assert files.png.stat().st_size > 5000
     assert pd.read_csv(files.csv)["verdict"].tolist() == card["verdict"].tolist()
     markdown = files.md.read_text()
-    assert "| table2 | clean | FedAvg | SC | 40.00 | [37.52, 42.48] | 3 | 48.30 | -8.30 | below |" in markdown
-    assert "| measured (mean) |" in markdown and "ours" not in markdown.lower()    # FedAdapterProto's method is "Ours"
+    assert "| table2 | clean | FedAvg | SC | 40.00 ± 2.48 | 3 | 48.30 | -8.30 | ± 2.00 | below |" in markdown
+    assert "| measured (mean ± 95% CI) | n (seeds) |" in markdown and "ours" not in markdown.lower()   # FedAdapterProto's "Ours"
+    # every seed's value one click away: the tables' .seeds.csv, relative to the scorecard page
+    assert "[facmic table2 (clean)](../tables/clean/facmic/table2.seeds.csv)" in markdown
 
 
 @pytest.mark.slow
@@ -106,7 +148,7 @@ def test_scorecard_page_of_real_tables_renders_in_a_browser(tiny_inputs, monkeyp
     figure = [i for i in state["images"] if i["id"] == "scorecard-figure"]
     assert figure and figure[0]["ok"] and figure[0]["width"] > 300, state["images"]
     assert all(i["ok"] for i in state["images"]), state["images"]
-    assert {"id": "scorecard", "rows": 1} in state["tables"]
+    assert [(t["id"], t["rows"]) for t in state["tables"]] == [("scorecard", 1)]
     assert "of the 1 published numbers that could be judged" in state["text"]
     assert "derived by fedrepro: a value" in state["text"]
     assert (ARTEFACTS / "scorecard.png").stat().st_size > 10_000
@@ -117,11 +159,16 @@ def test_the_summary_reads_right_without_the_docs():
     the summary says in words what was judged, which way the rest fell and why some could not be judged."""
     card = pd.DataFrame({"paper": "facmic", "protocol": "clean", "verdict": ["below"] * 11 + ["no interval"] * 8})
     assert scorecard.summary_line(card, "FACMIC") == (
-        "FACMIC (clean): 0 of the 11 published numbers that could be judged reproduced (the published value lies "
-        "inside the 95% interval of the measured mean); the whole measured interval lies below the published value "
-        "for 11. Not judged: 8 ran with one seed only, so there is no interval to judge by.")
-    mixed = pd.DataFrame({"paper": "x", "protocol": "paper", "verdict": ["reproduced", "below", "above", "above"]})
-    assert scorecard.summary_line(mixed).endswith("lies below the published value for 1 and above it for 2.")
+        "FACMIC (clean): of the 11 published numbers that could be judged, 0 reproduced (the whole 95% interval of the "
+        "measured mean within the equivalence margin of the published value) and 11 below the published value (the "
+        "whole interval beyond the margin: not reproduced). Not judged: 8 ran with one seed only, so there is no "
+        "interval to judge by.")
+    mixed = pd.DataFrame({"paper": "x", "protocol": "paper", "verdict": ["reproduced", "inconclusive", "below", "above", "above"]})
+    assert scorecard.summary_line(mixed) == (
+        "x (paper): of the 5 published numbers that could be judged, 1 reproduced (the whole 95% interval of the measured "
+        "mean within the equivalence margin of the published value), 1 inconclusive (the interval reaches past the "
+        "margin: these seeds cannot tell) and 1 below and 2 above the published value (the whole interval beyond the "
+        "margin: not reproduced).")
     single = pd.DataFrame({"paper": "x", "protocol": "clean", "verdict": ["no interval"] * 3})
     assert scorecard.summary_line(single) == ("x (clean): none of the 3 published numbers could be judged. 3 ran with one "
                                               "seed only, so there is no interval to judge by.")

@@ -29,10 +29,10 @@ def test_one_round_reads_every_column_at_the_round_chosen_on_the_source_task(tmp
 def test_captions_name_the_selection_rule():
     project = load_project(["config/config.yaml"])
     table5 = project.papers["facmic"]["tables"]["table5"]
-    caption = make_caption(table5, "table5", project, {"paper"}, {"best_test_round"}, "std", 3)
+    caption = make_caption(table5, "table5", project, {"paper"}, {"best_test_round"}, 3)
     assert "one round per run, the one with the best global acc, for every column" in caption
     table2 = project.papers["facmic"]["tables"]["table2"]
-    assert "each column its own best" in make_caption(table2, "table2", project, {"paper"}, {"best_test"}, "std", 3)
+    assert "each column its own best" in make_caption(table2, "table2", project, {"paper"}, {"best_test"}, 3)
 
 
 def test_faa_clip_reads_every_table_with_one_rule_each_columns_best():
@@ -45,7 +45,7 @@ def test_faa_clip_reads_every_table_with_one_rule_each_columns_best():
     assert {name: (t.get("selection") or {}).get("rule", "per_column") for name, t in tables.items()
             if t.get("kind", "runs") == "runs"} == dict.fromkeys([n for n, t in tables.items()
                                                                    if t.get("kind", "runs") == "runs"], "per_column")
-    caption = make_caption(tables["table5"], "table5", project, {"paper"}, {"best_test"}, "std", 3)
+    caption = make_caption(tables["table5"], "table5", project, {"paper"}, {"best_test"}, 3)
     assert "each column its own best" in caption and "one round per run" not in caption
 
 
@@ -134,18 +134,22 @@ def _render(project, table):
     from fedrepro.report.tables import make_table, render_latex, render_markdown, table_item
 
     result = make_table(table_item(project, "clean", P, table))
-    return result, render_markdown(result, "std"), render_latex(result, "std")
+    return result, render_markdown(result, f"{table}.seeds.csv"), render_latex(result)
 
 
 def test_rendered_tables_show_delta_and_published_values_where_ours_are_missing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result, md, tex = _render(_mini_project(tmp_path, "papers"), "acc")
-    # FedAvg A: 62, 63 -> 62.50 ± 0.71, published 60 -> Δ +2.50; FedAvg has no B cell, the published 45.61 stays
-    assert "| FedAvg | 62.50 ± 0.71 (60.00)<br>Δ +2.50 | – (45.61) |" in md
-    assert r"62.50 $\pm$ 0.71 (60.00) \\ {\footnotesize $\Delta$ +2.50}" in tex
+    # FedAvg A: 62, 63 -> 62.50 ± 6.35 (the 95% half-width: t(0.975, 1) x 0.71 / √2), published 60 -> Δ +2.50;
+    # FedAvg has no B cell, the published 45.61 stays
+    assert "| FedAvg | 62.50 ± 6.35 (60.00)<br>Δ +2.50 | – (45.61) |" in md
+    assert r"62.50 $\pm$ 6.35 (60.00) \\ {\footnotesize $\Delta$ +2.50}" in tex
+    # what ± is, with its n, and every seed's value one click away
+    assert "Measured here: mean ± half-width of the 95% t-interval of the mean over n = 2 seeds" in md
+    assert md.split("\n")[0].endswith("Per-seed values: [acc.seeds.csv](acc.seeds.csv).")
     assert "-- (45.61)" in tex
     # FedCLIP B: 55, 56 against nothing published: no parentheses, no Δ
-    assert "| 55.50 ± 0.71 |" in md
+    assert "| 55.50 ± 6.35 |" in md
     assert "Δ = measured − published." in result.caption
     cell = result.summary.set_index(["row", "column"]).loc[("FedAvg", "B")]
     assert cell["n"] == 0 and cell["published"] == 45.61
@@ -174,12 +178,12 @@ def test_the_scorecard_carries_the_mark_and_its_footnote(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     result, _, _ = _render(_mini_project(tmp_path, "papers"), "acc")
-    write_table(result, tmp_path / "acc.md", "std")
+    write_table(result, tmp_path / "acc.md")
     card = scorecard.build([(P, "acc", "clean", tmp_path / "acc.csv")])
     derived = card[card["derived"]]
     assert derived[["row", "column"]].values.tolist() == [["FedCLIP", "A"]]
     md = scorecard.render_markdown(card, "card")
-    assert "| acc | clean | FedCLIP | A | 65.50 |" in md and "| 70.00* |" in md
+    assert "| acc | clean | FedCLIP | A | 65.50 ± 6.35 |" in md and "| 70.00* |" in md
     assert f"* {P} acc: derived by fedrepro: expanded from the paper's formula." in md
 
 
@@ -238,10 +242,10 @@ def test_captions_say_which_test_data_the_runs_read():
     spec = project.papers["facmic"]["tables"]["table3"]
     use = {"protocol": "paper", "allow_test_selection": False, "selection_on_test": True, "target_is_test": True}
     assert notes_on_test_use({"test_data": use}) == {"paper_target"}
-    caption = make_caption(spec, "table3", project, {"paper"}, {"best_test"}, "std", 3, notes_on_test_use({"test_data": use}))
+    caption = make_caption(spec, "table3", project, {"paper"}, {"best_test"}, 3, notes_on_test_use({"test_data": use}))
     assert "as the paper's code did" in caption and "target: the global test images (labels hidden), as the authors'" in caption
     opted = {**use, "protocol": "clean", "allow_test_selection": True}
-    caption = make_caption(spec, "table3", project, {"clean"}, {"best_test"}, "std", 3, notes_on_test_use({"test_data": opted}))
+    caption = make_caption(spec, "table3", project, {"clean"}, {"best_test"}, 3, notes_on_test_use({"test_data": opted}))
     assert "selected on the test set by explicit opt-in (allow_test_selection: true)" in caption
     assert "Domain-adaptation target under the clean protocol: the global test images" in caption
     assert notes_on_test_use({"test_data": {**use, "protocol": "clean", "selection_on_test": False,

@@ -149,7 +149,7 @@ def cmd_table(args) -> None:
     project = _project(args)
     item = table_item(project, args.protocol, args.paper, args.table)
     check_inputs(project, table_inputs(item), args.out)
-    write_table(make_table(item), args.out, project.config["report"]["error_bars"])
+    write_table(make_table(item), args.out)
 
 
 def cmd_figure(args) -> None:
@@ -163,7 +163,6 @@ def cmd_figure(args) -> None:
 
 
 def cmd_scorecard(args) -> None:
-    from . import paths
     from .report import scorecard
     from .report.consistency import check_inputs, scorecard_inputs
     from .report.item import stand_in
@@ -173,16 +172,11 @@ def cmd_scorecard(args) -> None:
         project.resolver.check_names(args.paper)
     check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
-    tables = [(paper, table, protocol, paths.table(protocol, paper, table, ".csv"),
-               project.papers[paper]["tables"][table].get("kind", "runs"))
-              for protocol, paper, table in project.plan.tables() if paper in papers]
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
     stand_ins = [f"{project.papers[p]['title']}: {stand_in(project, p).rstrip('.')}." for p in papers if stand_in(project, p)]
-    added = project.extension.added if project.extension else {}
-    card = scorecard.build(tables, {(paper, table): added[(paper, table)] for paper, table, *_ in tables
-                                    if (paper, table) in added})
-    scorecard.write(card, title, scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), stand_ins)
+    scorecard.write(scorecard.project_card(project, papers), title,
+                    scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), stand_ins)
 
 
 def cmd_evidence(args) -> None:

@@ -121,11 +121,24 @@ def high_activation_box(activation: np.ndarray, percentile: float = 95.0) -> tup
     return int(rows[0]), int(rows[-1]), int(cols[0]), int(cols[-1])
 
 
+# ProtoPNet resizes a 7 x 7 map bicubically and boxes its top 5 %. A map of at most this many cells (the demo's 2 x 2)
+# has its top 5 % inside one cell, where bicubic interpolation would overshoot towards the image's corner: it is shown
+# cell by cell (nearest), and the box is the cell of highest similarity, the image region that cell stands for.
+FEW_CELLS = 20
+
+
+def upsampling(activation: torch.Tensor) -> str:
+    """How a similarity map is resized to the image: ``bicubic`` (ProtoPNet), ``nearest`` for a map of few cells."""
+    return "nearest" if activation.numel() <= FEW_CELLS else "bicubic"
+
+
 def upsampled(activation: torch.Tensor, size: int) -> np.ndarray:
-    """An H' x W' activation map resized (bicubic) to size x size."""
+    """An H' x W' activation map resized to size x size (:func:`upsampling`)."""
     import torch.nn.functional as F
 
-    return F.interpolate(activation[None, None].float(), size=(size, size), mode="bicubic", align_corners=False)[0, 0].numpy()
+    mode = upsampling(activation)
+    kwargs = {} if mode == "nearest" else {"align_corners": False}
+    return F.interpolate(activation[None, None].float(), size=(size, size), mode=mode, **kwargs)[0, 0].numpy()
 
 
 def _pick_rows(split: Split, labels: np.ndarray, opts: dict, classes: list[str], name: str) -> list[int]:
@@ -176,8 +189,9 @@ class ClientNets:
 
 @register_extractor("prototypes")
 def prototype_activations(job: dict) -> dict:
-    """For each chosen image and client: the image, the most activated prototype's upsampled activation
-    and high-activation box, and the training image the prototype was pushed onto with its box."""
+    """For each chosen image and client: the image, the prototype of highest similarity (its upsampled similarity map,
+    on the model's own scale: -d for the code's linear activation, and its high-activation box), and the training image
+    the prototype was pushed onto with its box; the activation function and the map's size (``map_shape``)."""
     from .data.images import load_rgb
     from .fl.federation import task_labels
 
@@ -203,6 +217,8 @@ def prototype_activations(job: dict) -> dict:
     clients = list(nets.nets)
     shape = (len(picked), len(clients))
     out = {"clients": np.array(clients), "classes": np.array(classes), "rows": np.array(picked),
+           "activation": np.array(model_cfg["prototype_activation"]), "map_shape": np.zeros(2, np.int32),
+           "upsampling": np.array("bicubic"),
            "paths": np.array([Path(manifest["path"][r]).name for r in picked]),
            "labels": np.array([int(labels[r]) for r in picked]),
            "images": np.zeros((len(picked), size, size, 3), np.uint8),
@@ -219,6 +235,7 @@ def prototype_activations(job: dict) -> dict:
             j, act, sim, pred = nets.activation_of(client, image, None, label if opts["prototype"] == "label" else None)
             heat = upsampled(act, size)
             out["heat"][i, c], out["box"][i, c] = heat, high_activation_box(heat)
+            out["map_shape"], out["upsampling"] = np.array(act.shape, np.int32), np.array(upsampling(act))
             out["prototype"][i, c], out["prototype_class"][i, c] = j, nets.prototype_class(client, j)
             out["similarity"][i, c], out["predicted"][i, c] = sim, pred
             record = nets.push.get(client)

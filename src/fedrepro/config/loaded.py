@@ -25,6 +25,10 @@ class LoadedConfig:
         if "protocol" in config:
             raise ConfigError(f"config: 'protocol: {config['protocol']}' is now a list, 'protocols: [{config['protocol']}]' "
                               f"(results of each protocol live in their own folder: results/runs/<protocol>/...)")
+        if "error_bars" in (config.get("report") or {}):
+            raise ConfigError("config: report.error_bars is gone: every ± in tables, scorecards, the evidence page and the "
+                              "figures is the mean ± the half-width of its 95% t-interval over n seeds (the CSVs keep "
+                              "std and se; <table>.seeds.csv every seed). Remove the key (docs/reading-results.md).")
         schemas = str(self.root.resolve())
         self.config = validate(copy.deepcopy(config), load_schema(schemas, "config.schema.yaml"), "config")
         paths.use_results_dir(self.config["results_dir"])

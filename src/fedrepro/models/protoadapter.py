@@ -22,7 +22,9 @@ baselines (FedAvg, FedProx, FedNova, FedProto), and with adapters and a linear h
 
 A timm EfficientNet (the offline demo's pretrained EfficientNet-Lite0) works the same way: its four
 stages are the block groups that end at strides 4, 8, 16 and 32 (``feature_info``), and the last feature
-map is the one after its head convolution.
+map is the one after its head convolution. ``output_stride: 16`` dilates its last stage instead of striding it (the same
+weights), as the code's skipped max-pool halves the ResNet's stride: at the demo's 32 px the map is 2 x 2, not one
+cell, so a prototype's activation map shows where on the image it fires.
 
 ``push_prototypes`` is ProtoPNet's prototype projection: every prototype is replaced by the latent
 patch nearest to it among the training images of its own class, so it *is* an image patch.
@@ -184,7 +186,9 @@ class AdapterProtoFamily(TimmClassifierFamily):
 
     def build(self) -> nn.Module:
         cfg = self.cfg
-        backbone = encoders.create_timm(cfg["backbone"], num_classes=0, pretrained=cfg["pretrained"], in_chans=cfg["in_chans"])
+        stride = {"output_stride": cfg["output_stride"]} if cfg.get("output_stride") else {}
+        backbone = encoders.create_timm(cfg["backbone"], num_classes=0, pretrained=cfg["pretrained"], in_chans=cfg["in_chans"],
+                                        **stride)
         return AdapterProtoNet(backbone, self.num_classes, cfg)
 
     def forward(self, model, batch) -> Output:

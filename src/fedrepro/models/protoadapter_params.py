@@ -35,6 +35,15 @@ ADAPTER_PROTONET_PARAMS = {
         "description": "skip the ResNet max-pool as the official forward does (14x14 maps at 224 px); "
                        "EfficientNets have none",
     },
+    "output_stride": {
+        "description": "the stride of the feature map the prototypes compare against (timm's output_stride: the last "
+                       "stage dilated instead of strided, the same weights); null = the backbone's own (ResNet with "
+                       "skip_maxpool: 16, the code's 14 x 14 map at 224 px; EfficientNet: 32). The offline demo sets 16, "
+                       "so that its 32-px images give a 2 x 2 map that a prototype figure can show (32: one cell, the "
+                       "whole image)",
+        "oneOf": [{"type": "null"}, {"enum": [8, 16]}],
+        "default": None,
+    },
     "adapters": {
         "type": "boolean",
         "default": True,

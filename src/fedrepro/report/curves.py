@@ -1,5 +1,5 @@
 """Figure kinds that draw a metric per round (or per communication turn), one line per method,
-mean ± std over seeds, from the runs' ``history.csv``.
+mean ± 95% t-interval half-width over seeds (a band), from the runs' ``history.csv``.
 
 - ``curves``: a panel per (setting, metric, eval set), x = round (FACMIC Fig. 2, FAA-CLIP Figs. 3 and 6).
 - ``alignment_curves``: a metric per communication turn, a panel per (setting, eval set) (FedDRA Fig.
@@ -19,7 +19,8 @@ import pandas as pd
 
 from ..registry import register_figure_kind
 from .item import ReportItem, run_inputs
-from .plotting import plot_mean_band, pyplot, save_figure
+from .plotting import plot_mean_band, pyplot, save_figure, suptitle
+from .stats import plus_minus
 
 
 def round_series(history: pd.DataFrame, column: str) -> pd.Series:
@@ -47,7 +48,8 @@ def seed_table(item: ReportItem, setting: str, method: str, column: str,
 
 @register_figure_kind("curves", inputs=run_inputs("history.csv"), reads=("metric", "eval"))
 def curves(item: ReportItem, out_png: Path) -> None:
-    """Metric per round, one line per method (mean over seeds, band = ± std), one panel per setting."""
+    """Metric per round, one line per method (mean over seeds, band = 95% t-interval of the mean), one panel per
+    setting."""
     from matplotlib.ticker import MaxNLocator
 
     plt, spec = pyplot(), item.spec
@@ -71,7 +73,7 @@ def curves(item: ReportItem, out_png: Path) -> None:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), bbox_to_anchor=(0.5, -0.02))
-    fig.suptitle(item.title + f"  (mean ± std over {len(item.seeds)} seeds)")
+    suptitle(fig, item.title, f"line and band: {plus_minus(len(item.seeds))}")
     fig.tight_layout(rect=(0, 0.06, 1, 0.97))
     save_figure(fig, out_png)
     plt.close(fig)
@@ -100,7 +102,7 @@ def alignment_curves(item: ReportItem, out_png: Path) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(metric)
         ax.legend(fontsize=7)
-    fig.suptitle(item.title + f"  (mean ± std over {len(item.seeds)} seeds)")
+    suptitle(fig, item.title, f"line and band: {plus_minus(len(item.seeds))}")
     fig.tight_layout()
     save_figure(fig, out_png)
     plt.close(fig)

@@ -1,7 +1,7 @@
 """What each derived output is made from besides its input files: the part of the configuration that defines it.
 
 A table is made from its runs' files (the rule's inputs) and from its definition: its spec in the paper file, the
-labels of the methods and settings it names, the seeds, how error bars are printed, what stand-in data and models it has. The
+labels of the methods and settings it names, the seeds, what stand-in data and models it has. The
 ``table``, ``figure``, ``scorecard``, ``evidence`` and ``report`` rules take the hash of exactly that definition as a param, so
 editing a table's ``metric``, or renaming a method it shows, rebuilds that table (and what is made from it) and
 nothing else; adding a paper or changing a training setting leaves the tables of other papers alone.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..config import Project
 from ..io import hash_obj
 from .item import ReportItem, stand_in
+from .scorecard import margin_of
 
 
 def named(item: ReportItem, what: str) -> list[str]:
@@ -49,7 +50,6 @@ def item_definition(item: ReportItem) -> dict:
         "settings": setting_entries(project, item.paper, named(item, "setting")),
         "tables": {t: tables[t].get("title", t) for t in item.spec.get("tables", [])},   # figures drawn from tables
         "seeds": item.seeds,
-        "report": project.config["report"],
         "stand_in": stand_in(project, item.paper),
         "learning_bar": bool(project.config.get("evidence")),     # table captions name the variants that may fall below it, and why
     }
@@ -63,6 +63,7 @@ def scorecard_definition(project: Project, paper: str) -> dict:
         "titles": {p: project.papers[p]["title"] for p in papers},
         "tables": [[protocol, p, table] for protocol, p, table in project.plan.tables() if p in papers],
         "stand_in": {p: stand_in(project, p) for p in papers},
+        "margins": {f"{p}/{table}": margin_of(project, p, table) for _, p, table in project.plan.tables() if p in papers},
     }
     if project.extension:       # the cells it adds are on the card too (only then: a plain card's definition stays)
         definition["extension"] = {f"{p}/{t}": {k: sorted(v) if isinstance(v, set) else v for k, v in added.items()}
@@ -100,6 +101,7 @@ def report_definition(project: Project) -> dict:
                        "methods": method_entries(project, p, spec["methods"])}
                    for p, spec in project.papers.items()},
         "learning_bar": project.config.get("evidence"),
+        "margins": {f"{p}/{table}": margin_of(project, p, table) for _, p, table in project.plan.tables()},   # its verdicts
     }
 
 

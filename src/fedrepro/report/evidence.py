@@ -37,10 +37,11 @@ from .. import paths
 from ..config import Project
 from ..io import atomic_path, read_json
 from ..paths import RunKey
-from .html import data_uri, page, pipe_table
+from .html import data_uri, inline, page, pipe_table
+from .item import data_note as item_data_note
 from .item import method_labels
-from .plotting import grid, pyplot, save_figure
-from .stats import t_quantile_975
+from .plotting import data_note, grid, pyplot, save_figure, suptitle
+from .stats import ci95_per_row, plus_minus, summarise
 
 PERSONAL = re.compile(r"^client\d+@global$")       # a client's own model on the global test set (the paper's metric)
 OWN = re.compile(r"^client(\d+)$")                  # a client's test split, scored with the model used for it
@@ -176,11 +177,9 @@ def draw_paper(project: Project, paper: str, scores: pd.DataFrame, out_png: Path
             table = pd.concat(series, axis=1).dropna(how="all")
             if table.empty:
                 continue
-            n = table.notna().sum(axis=1)
-            mean = 100 * table.mean(axis=1)
-            half = 100 * table.std(axis=1) / np.sqrt(n) * n.map(lambda k: t_quantile_975(k - 1) if k > 1 else 0.0)
+            mean, half = 100 * table.mean(axis=1), 100 * ci95_per_row(table)
             line, = ax.plot(mean.index, mean, marker="o", markersize=3, label=labels[method] + evaluated_at(mean.index))
-            ax.fill_between(mean.index, mean - half.fillna(0), mean + half.fillna(0), alpha=0.15, color=line.get_color())
+            ax.fill_between(mean.index, mean - half, mean + half, alpha=0.15, color=line.get_color())
         bar = 100 * runs["threshold"].mean()
         ax.axhline(bar, color="black", linestyle="--", linewidth=1, label="learning bar")
         ax.set_title(f"{setting} ({protocol})")
@@ -188,7 +187,7 @@ def draw_paper(project: Project, paper: str, scores: pd.DataFrame, out_png: Path
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # rounds are whole numbers
         ax.set_ylabel(f"{runs['metric'].iloc[0]} (%)")
         ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"{paper}: scored metric at each evaluated round, mean and 95% t-interval over {len(project.seeds)} seeds")
+    suptitle(fig, f"{paper}: scored metric at each evaluated round", f"line and band: {plus_minus(len(project.seeds))}")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     save_figure(fig, out_png)
     plt.close(fig)
@@ -229,7 +228,7 @@ def draw_validation(project: Project, paper: str, low: pd.DataFrame, out_png: Pa
         ax.set_xlabel("round")
         ax.set_ylabel(("Recall@1" if task == "retrieval" else "BACC") + " on validation (%)")
         ax.legend(fontsize=6)
-    fig.suptitle(f"{paper}: validation curves of the variants below the bar")
+    suptitle(fig, f"{paper}: validation curves of the variants below the bar")
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     save_figure(fig, out_png)
     plt.close(fig)
@@ -240,10 +239,9 @@ def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (paper, protocol, setting, method), runs in scores.groupby(["paper", "protocol", "setting", "method"], sort=False):
         values = runs["value"].to_numpy(dtype=float)
-        n = len(values)
-        half = t_quantile_975(n - 1) * values.std(ddof=1) / np.sqrt(n) if n > 1 else math.nan
+        n, stats = len(values), summarise(values)
         rows.append({"paper": paper, "protocol": protocol, "setting": setting, "method": method,
-                     "metric": runs["metric"].iloc[0], "mean": values.mean(), "ci95": half,
+                     "metric": runs["metric"].iloc[0], "mean": values.mean(), "ci95": stats["ci95"], "n": n,
                      "paper_metric": runs["paper_metric"].iloc[0], "paper_mean": runs["paper_value"].mean(),
                      "bar": runs["threshold"].mean(), "seeds passed": f"{int(runs['passed'].sum())}/{n}",
                      "cleared": bool(runs["passed"].all()), "explanation": runs["explanation"].iloc[0]})
@@ -255,8 +253,8 @@ def markdown(summary: pd.DataFrame, project: Project) -> str:
     lines = ["# Evidence: did every method learn?", "",
              f"Bar: classification BACC >= chance + {100 * spec.get('bacc_above_chance', 0.25):.0f} points on the global "
              f"test set (chance = 1 / classes present); retrieval Recall@1 >= {spec.get('recall_times_random', 3.0):g} x "
-             f"random. Measured: this pipeline's value, the mean and 95% t-interval over {len(project.seeds)} "
-             f"seeds, in %.", "",
+             f"random. Measured: this pipeline's value, {plus_minus(len(project.seeds))}, in %; every seed's "
+             f"value: [bar.csv](bar.csv).", "",
              "A personalized method (one model per client) is scored by each client's model on held-out data of its "
              "own client (its test split: never trained on, never used to select a round); the value its paper's "
              "table reports (the clients' models on a site none of them trained on) stands beside it, as "
@@ -272,7 +270,9 @@ def markdown(summary: pd.DataFrame, project: Project) -> str:
         lines += [f"## {paper}", "", f"![{paper}]({paper}.png)", ""]
         if (~rows["cleared"] & (rows["explanation"] != "")).any():      # write_page draws it for these rows
             lines += [f"![validation curves of {paper}'s rows below the bar]({paper}-validation.png)", ""]
-        lines += ["| protocol | setting | method | metric | measured | bar | seeds passed | paper's metric | below the bar because |",
+        n = rows["n"].max()
+        lines += [f"| protocol | setting | method | metric | measured (mean ± 95% CI, n = {n}) | bar | seeds passed | "
+                  f"paper's metric | below the bar because |",
                   "|---|---|---|---|---|---|---|---|---|"]
         labels = method_labels(project, paper, rows["method"])
         for r in rows.to_dict("records"):
@@ -295,10 +295,11 @@ def write_page(project: Project, out_dir: str | Path) -> pd.DataFrame:
         scores.to_csv(tmp, index=False)
     summary = summary_table(scores)
     for paper in scores["paper"].unique():
-        draw_paper(project, paper, scores, out_dir / f"{paper}.png")
-        low = explained(scores[scores["paper"] == paper])
-        if len(low):
-            draw_validation(project, paper, low, out_dir / f"{paper}-validation.png")
+        with data_note(item_data_note(project, paper)):
+            draw_paper(project, paper, scores, out_dir / f"{paper}.png")
+            low = explained(scores[scores["paper"] == paper])
+            if len(low):
+                draw_validation(project, paper, low, out_dir / f"{paper}-validation.png")
     text = markdown(summary, project)
     with atomic_path(out_dir / "index.md") as tmp:
         Path(tmp).write_text(text)
@@ -331,6 +332,6 @@ def to_html(text: str, folder: Path) -> str:
         elif line.startswith("# "):
             body.append(f"<h1>{html.escape(line[2:])}</h1>")
         elif line:
-            body.append(f"<p>{html.escape(line).replace('**', '')}</p>")
+            body.append(f"<p>{inline(line)}</p>")
     flush()
     return page("Evidence", "".join(body))

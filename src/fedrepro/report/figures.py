@@ -10,6 +10,8 @@ from pathlib import Path
 from ..config import Project
 from ..registry import FIGURE_KINDS
 from .item import ReportItem
+from .item import data_note as item_data_note
+from .plotting import data_note
 
 
 def figure_item(project: Project, protocol: str, paper: str, figure: str) -> ReportItem:
@@ -22,4 +24,6 @@ def figure_inputs(item: ReportItem) -> list[str]:
 
 
 def make_figure(item: ReportItem, out_png: str | Path) -> None:
-    FIGURE_KINDS.get(item.spec["kind"]).obj(item, Path(out_png))
+    """Draw the figure with its kind's drawer; whatever the kind, its face says what data it ran on."""
+    with data_note(item_data_note(item.project, item.paper, item.protocol)):
+        FIGURE_KINDS.get(item.spec["kind"]).obj(item, Path(out_png))

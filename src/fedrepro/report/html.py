@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 1em}"
          "table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px}"
          "p.caption,figcaption{font-size:13px;max-width:1100px;margin:1.2em 0 .3em}figure{margin:1em 0}"
-         ".warning{background:#fff3cd;border:1px solid #e0c060;padding:6px 10px}")
+         ".warning{background:#fff3cd;border:1px solid #e0c060;padding:6px 10px}"
+         "#summary td{vertical-align:top}.chip{display:inline-block;margin:1px 3px 1px 0;padding:0 5px;border-radius:3px;"
+         "font-size:12px;white-space:nowrap}p.legend{font-size:12px;color:#444;margin-top:.2em}a.top{font-size:12px;"
+         "font-weight:normal}")
 
 
 def data_uri(path: str | Path, mime: str = "image/png") -> str:
@@ -20,6 +24,15 @@ def data_uri(path: str | Path, mime: str = "image/png") -> str:
 def page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>{body}</body></html>")
+
+
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def inline(text: str) -> str:
+    """A line of the Markdown the pages write as HTML: escaped, ``**bold**`` dropped, ``[text](target)`` a link."""
+    escaped = html.escape(text).replace("**", "")
+    return _LINK.sub(lambda m: f"<a href='{m.group(2)}'>{m.group(1)}</a>", escaped)
 
 
 def cell(text: str) -> str:

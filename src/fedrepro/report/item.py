@@ -110,6 +110,13 @@ def method_labels(project: Project, paper: str, methods) -> dict[str, str]:
             for m, label in labels.items()}
 
 
+def short_title(project: Project, paper: str) -> str:
+    """"FACMIC" of "FACMIC (MICCAI 2024) on the embedded demo data": the name a summary row or a table of papers shows
+    (a title that does not open on a method's name, "Engine check on ...", gives the paper's key)."""
+    word = (project.papers[paper].get("title") or paper).split()[0].rstrip(":,")
+    return word if any(c.isupper() for c in word[1:]) else paper
+
+
 def stand_in(project: Project, paper: str) -> str | None:
     """What a paper file's stand-in data and models are (``stand_in``: the demo twins, the evidence overlays), or
     None for the real grid: its tables and scorecards say that their numbers are not comparable to the paper's."""
@@ -119,6 +126,22 @@ def stand_in(project: Project, paper: str) -> str | None:
 def stand_in_warning(description: str) -> str:
     return (f"STAND-IN DATA AND MODELS: {description.rstrip('.')}. These numbers show whether the methods learn; "
             f"they are not comparable to the paper's.")
+
+
+def run_name() -> str | None:
+    """What the configuration's results folder calls its run where it is not the full grid's (``results_dir``):
+    "demo" (results/demo), "evidence-run" (results/evidence-run); None for results/ itself."""
+    folder = Path(paths.results_dir())
+    return None if folder == Path("results") else folder.name
+
+
+def data_note(project: Project, paper: str, protocol: str | None = None) -> str:
+    """The line on a figure's face that says what data it ran on: "(demo: stand-in data, not the paper's) <what stands
+    in>" for a paper file with ``stand_in``, else the paper's own data (and the protocol)."""
+    description = stand_in(project, paper)
+    if description:
+        return f"({run_name() or 'stand-in run'}: stand-in data, not comparable to the paper's) {description.rstrip('.')}."
+    return "Data: the paper's own datasets" + (f", protocol {protocol}." if protocol else ".")
 
 
 def require(path: str | Path) -> Path:

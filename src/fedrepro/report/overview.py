@@ -1,11 +1,15 @@
 """The report: one self-contained page (``<results>/report.html``) of whatever this configuration has built so far,
 one table's worth or the whole grid, opening on what a reader came for.
 
-Per paper, in this order: what ran (protocols, numerics, seeds, stand-in data and models, as the runs' own
-``run_manifest.json`` record them), whether the published numbers reproduced (the scorecard's summary, in words),
-whether every method learned (the learning bar's verdict, where the configuration sets one), the tables rendered
-with their captions and the paper's rounding (the ``.md`` the table job wrote), then the figures; what is planned
-but not built yet is listed with the command that builds it. The rule graph of the workflow comes last.
+It opens on the answer: one summary table across the papers (:func:`summary`), whose first screen says per paper
+what data it ran on (the paper's, or stand-ins), per table whether its published numbers reproduced (the
+scorecard's equivalence verdict, :mod:`fedrepro.report.scorecard`; no verdict on stand-in data; "not built" with the
+command), and whether every method learned (the learning bar, where the configuration sets one), each paper linked to
+its section. Per paper, in this order: what stands in (once), what ran (protocols, numerics, seeds, as the runs' own
+``run_manifest.json`` record them), whether the published numbers reproduced (in words), whether every method
+learned, the tables rendered with their captions and the paper's rounding (the ``.md`` the table job wrote, linking
+its per-seed values), then the figures; what is planned but not built yet is listed with the command that builds it.
+The rule graph of the workflow comes last.
 
 It reads only files that exist (nothing is required), so it is the one report that works on a partial build; the
 ``report`` rule runs it after bringing every existing table, figure and scorecard up to date.
@@ -14,6 +18,7 @@ It reads only files that exist (nothing is required), so it is the one report th
 from __future__ import annotations
 
 import html
+import os
 import re
 import subprocess
 import sys
@@ -29,8 +34,9 @@ from ..config import Project
 from ..io import read_json, write_text
 from ..registry import FIGURE_KINDS
 from . import scorecard
-from .html import data_uri, page, pipe_table
-from .item import method_labels, stand_in, stand_in_warning
+from .html import data_uri, inline, page, pipe_table
+from .item import method_labels, run_name, short_title, stand_in, stand_in_warning
+from .stats import PLUS_MINUS
 
 
 @dataclass(frozen=True)
@@ -119,12 +125,25 @@ def what_ran(project: Project, paper: str) -> list[str]:
 
 # ---- did it reproduce, did it learn ---------------------------------------------------------------
 
+def built_card(project: Project, paper: str) -> pd.DataFrame:
+    """The scorecard of ``paper``'s tables that are built (the same verdicts as its scorecard page)."""
+    return scorecard.project_card(project, [paper], built_only=True)
+
+
 def scorecard_summary(project: Project, paper: str) -> list[str]:
-    csv = Path(paths.scorecard(paper, ".csv"))
-    if not csv.exists():
-        return [f"No scorecard yet: {build_command(project, paths.scorecard(paper))}"]
-    card = pd.read_csv(csv, keep_default_na=False, na_values=[""])
-    return scorecard.summary_line(card, paper).splitlines() if len(card) else ["The paper's tables here have no published value to score."]
+    card = built_card(project, paper)
+    if not any(Path(o.path).exists() for o in planned_outputs(project) if o.paper == paper and o.kind == "table"):
+        return ["No table of this paper is built yet."]
+    lines = scorecard.summary_line(card, short_title(project, paper)).splitlines() if len(card) else \
+        ["The paper's tables built here have no published value to score."]
+    if not stand_in(project, paper) and len(card):
+        lines.append(f"Equivalence margin: {margin_summary(project, paper)} (docs/reading-results.md).")
+    return lines
+
+
+def margin_summary(project: Project, paper: str) -> str:
+    margins = {scorecard.margin_words(scorecard.margin_of(project, paper, t)) for t in project.papers[paper].get("tables", {})}
+    return "; ".join(sorted(margins))
 
 
 def evidence_verdict(project: Project, paper: str) -> list[str]:
@@ -154,14 +173,41 @@ def evidence_verdict(project: Project, paper: str) -> list[str]:
     return lines
 
 
+def learning_cell(project: Project, paper: str) -> tuple[str, str]:
+    """(text, colour class) of the summary's "did every method learn?" for ``paper``."""
+    if not project.config.get("evidence"):
+        return "no learning bar in this configuration", "none"
+    csv = Path(paths.evidence("bar.csv"))
+    if not csv.exists():
+        return "not built yet", "none"
+    from .evidence import read_bar, summary_table
+
+    scores = read_bar(csv)
+    rows = summary_table(scores[scores["paper"] == paper]) if (scores["paper"] == paper).any() else pd.DataFrame()
+    if rows.empty:
+        return "no run yet", "none"
+    cleared = int(rows["cleared"].sum())
+    below = len(rows) - cleared
+    text = f"{cleared} of {len(rows)} clear the bar"
+    if below:
+        reasoned = int((~rows["cleared"] & (rows["explanation"] != "")).sum())
+        text += f"; {below} below ({reasoned} with a reason on file)"
+    return text, "good" if not below else "bad" if below > reasoned else "mixed"
+
+
 # ---- tables and figures ---------------------------------------------------------------------------
 
-def table_html(md: Path) -> str:
+def table_html(md: Path, drop: str = "") -> str:
     """A table as its job wrote it (``<table>.md``: the caption line, then the pipe table) as an HTML table with
-    that caption."""
+    that caption, its link to the per-seed values pointing at the file beside the table; ``drop``: a sentence the
+    caption has that the page says once above (the paper's stand-in note)."""
     first, *rest = md.read_text().split("\n")
     match = re.match(r"\*\*(.+?)\*\*\s*(.*)", first)
-    caption = (f"<b>{html.escape(match.group(1))}</b> {html.escape(match.group(2))}" if match else html.escape(first))
+    name, text = (match.group(1), match.group(2)) if match else ("", first)
+    text = text.replace(drop, "").replace("  ", " ") if drop else text
+    folder = Path(os.path.relpath(md.parent, Path(paths.report()).parent)).as_posix()
+    text = re.sub(r"\]\(([^)/]+\.seeds\.csv)\)", lambda m: f"]({folder}/{m.group(1)})", text)
+    caption = (f"<b>{html.escape(name)}</b> " if name else "") + inline(text)
     return f"<p class='caption'>{caption}</p>{pipe_table(rest)}"
 
 
@@ -172,30 +218,32 @@ def figure_caption(project: Project, item: Output) -> str:
              f"Protocol: {html.escape(item.protocol)}."]
     if doc:
         parts.append(html.escape(doc))
-    description = stand_in(project, item.paper)
-    if description:
-        parts.append(html.escape(stand_in_warning(description)))
     return " ".join(parts)
 
 
 def paper_section(project: Project, paper: str, outputs: list[Output]) -> str:
     mine = [o for o in outputs if o.paper == paper]
     title = project.papers[paper].get("title", paper)
-    parts = [f"<h2 id='{paper}'>{html.escape(title)}</h2>"]
+    parts = [f"<h2 id='{paper}'>{html.escape(title)} <a class='top' href='#summary'>(summary)</a></h2>"]
     description = stand_in(project, paper)
     if description:
         parts.append(f"<p class='warning'>{html.escape(stand_in_warning(description))}</p>")
     parts.append("<h3>What ran</h3><ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in what_ran(project, paper))
                  + "</ul>")
+    card = Path(paths.scorecard(paper))
+    link = (f" <a href='{Path(os.path.relpath(card, Path(paths.report()).parent)).as_posix()}'>The scorecard, cell by "
+            f"cell</a>." if card.exists() else "")
+    lines = scorecard_summary(project, paper)
     parts.append("<h3>Did the published numbers reproduce?</h3>"
-                 + "".join(f"<p>{html.escape(line)}</p>" for line in scorecard_summary(project, paper)))
+                 + "".join(f"<p>{html.escape(line)}{link if i == len(lines) - 1 else ''}</p>" for i, line in enumerate(lines)))
     verdict = evidence_verdict(project, paper)
     if verdict:
         parts.append("<h3>Did every method learn?</h3>" + "".join(f"<p>{html.escape(line)}</p>" for line in verdict))
     tables = [o for o in mine if o.kind == "table"]
     figures = [o for o in mine if o.kind == "figure"]
     if any(o.built for o in tables):
-        parts.append("<h3>Tables</h3>" + "".join(table_html(Path(o.path)) for o in tables if o.built))
+        drop = stand_in_warning(description) if description else ""
+        parts.append("<h3>Tables</h3>" + "".join(table_html(Path(o.path), drop) for o in tables if o.built))
     if any(o.built for o in figures):
         parts.append("<h3>Figures</h3>" + "".join(
             f"<figure><img src='{data_uri(o.path)}' alt='{html.escape(o.name)}' style='max-width:100%'>"
@@ -263,6 +311,70 @@ def draw_rule_graph(dot: str, out_png: Path) -> None:
     plt.close(fig)
 
 
+# ---- the summary across papers ----------------------------------------------------------------------
+
+CHIP = {"good": "#d9f2d9", "mixed": "#fff2cc", "bad": "#f8d7da", "none": "#eeeeee"}
+
+
+def table_status(project: Project, item: Output, counts: dict[str, int] | None) -> tuple[str, str]:
+    """(text, colour class) of one table in the summary: not built / no verdict (stand-in data) / nothing published /
+    how its published numbers fell."""
+    if not item.built:
+        return "not built", "none"
+    if stand_in(project, item.paper):
+        return "", "none"             # the row says it once: no verdict on stand-in data
+    if not counts:
+        return "nothing published", "none"
+    judged = sum(n for v, n in counts.items() if v in ("reproduced", "inconclusive", "above", "below"))
+    if not judged:
+        return f"{sum(counts.values())} not judged (one seed or not run)", "none"
+    words = [f"{counts.get('reproduced', 0)}/{judged} reproduced"]
+    words += [f"{counts[v]} {v}" for v in ("inconclusive", "below", "above") if counts.get(v)]
+    unjudged = counts.get("no interval", 0) + counts.get("not run", 0)
+    words += [f"{unjudged} not judged"] if unjudged else []
+    off = counts.get("below", 0) + counts.get("above", 0)
+    return ", ".join(words), ("good" if counts.get("reproduced", 0) == judged else "bad" if off == judged else "mixed")
+
+
+def summary(project: Project, outputs: list[Output]) -> str:
+    """The page's first screen: one row per paper, linked to its section: what data it ran on, per table whether
+    its published numbers reproduced (or why there is no verdict), whether every method learned, what is built."""
+    rows = []
+    protocols = len(project.protocols) > 1
+    for paper in project.papers:
+        mine = [o for o in outputs if o.paper == paper]
+        tables = [o for o in mine if o.kind == "table"]
+        counts = scorecard.table_counts(built_card(project, paper))
+        chips = []
+        for o in tables:
+            text, tone = table_status(project, o, counts.get((paper, o.protocol, o.name)))
+            label = o.name + (f" ({o.protocol})" if protocols else "")
+            chips.append(f"<span class='chip' style='background:{CHIP[tone]}'><b>{html.escape(label)}</b>"
+                         + (f" {html.escape(text)}" if text else "") + "</span>")
+        description = stand_in(project, paper)
+        if description and tables:
+            chips.insert(0, "<b>no verdict</b>: stand-in data. Tables: ")
+        data = (f"<span title='{html.escape(description)}'><b>stand-in</b> ({html.escape(run_name() or 'stand-in run')}): "
+                f"not comparable to the paper</span>" if description else "the paper's own")
+        learned, tone = learning_cell(project, paper)
+        runs = [k for k in project.plan.runs() if k.paper == paper]
+        built = (f"{sum(Path(paths.run_file(k)).exists() for k in runs)}/{len(runs)} runs, "
+                 f"{sum(o.built for o in tables)}/{len(tables)} tables, "
+                 f"{sum(o.built for o in mine if o.kind == 'figure')}/{sum(o.kind == 'figure' for o in mine)} figures")
+        rows.append(f"<tr><td><a href='#{paper}'><b>{html.escape(short_title(project, paper))}</b></a></td>"
+                    f"<td>{data}</td><td>{''.join(chips) or 'no tables'}</td>"
+                    f"<td style='background:{CHIP[tone]}'>{html.escape(learned)}</td><td>{built}</td></tr>")
+    margin = scorecard.margin_words(project.config.get("report", {}).get("equivalence_margin", scorecard.DEFAULT_MARGIN))
+    legend = (f"Reproduced: the whole 95% interval of the measured mean lies within the published value {margin} "
+              f"(the equivalence margin; a paper or table may set its own); inconclusive: the interval reaches past it; "
+              f"below / above: it lies wholly beyond. Stand-in data gets no reproduction verdict, only the learning "
+              f"bar's. Every ± on this page is the {PLUS_MINUS} over the n seeds it names. "
+              f"docs/reading-results.md explains each.")
+    return ("<table id='summary'><tr><th>paper</th><th>data</th><th>did the published numbers reproduce? (per table)</th>"
+            "<th>did every method learn? (rows of the learning bar)</th><th>built</th></tr>" + "".join(rows)
+            + f"</table><p class='legend'>{html.escape(legend)}</p>")
+
+
 # ---- the page ------------------------------------------------------------------------------------
 
 def render(project: Project, rule_graph_png: Path | None = None) -> str:
@@ -272,12 +384,13 @@ def render(project: Project, rule_graph_png: Path | None = None) -> str:
     kinds = {kind: [o for o in outputs if o.kind == kind] for kind in ("table", "figure", "scorecard")}
     built = "; ".join(f"{sum(o.built for o in items)} of {len(items)} {kind}s" for kind, items in kinds.items())
     config = ", ".join(project.configfiles) if project.configfiles else "config/config.yaml"
-    head = ["<h1>fedrepro report</h1>",
-            f"<p>Configuration: {html.escape(config)}. Written {time.strftime('%Y-%m-%d %H:%M')}. Built so far: "
-            f"{done} of {len(runs)} training runs; {built}. This page shows what exists; what is planned but not built "
-            f"is listed under each paper with the command that builds it.</p>",
-            "<p>Contents: " + ", ".join(f"<a href='#{p}'>{html.escape(p)}</a>" for p in project.papers)
-            + ", <a href='#rulegraph'>rule graph</a>.</p>"]
+    name = run_name()
+    head = [f"<h1>fedrepro report{': ' + html.escape(name) if name else ''}</h1>",
+            f"<p>Configuration: {html.escape(config)} (results in {html.escape(paths.results_dir())}/). Written "
+            f"{time.strftime('%Y-%m-%d %H:%M')}. Built so far: {done} of {len(runs)} training runs; {built}.</p>",
+            summary(project, outputs),
+            "<p>Below, per paper: what ran, the verdicts in words, the tables and the figures; what is not built yet, "
+            "with the command that builds it. Last: <a href='#rulegraph'>the rule graph</a>.</p>"]
     body = head + [paper_section(project, paper, outputs) for paper in project.papers]
     body.append("<h2 id='rulegraph'>How it is built: the rule graph</h2>")
     if rule_graph_png is not None and Path(rule_graph_png).exists():

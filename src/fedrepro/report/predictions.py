@@ -1,12 +1,12 @@
 """Figure kinds drawn from the class probabilities of the runs' selected round (``predictions.npz``,
 ``selected:<eval>/probs|labels``), a curve per method, over every configured seed (FAA-CLIP Figs. 5, 8, 10):
 
-- ``roc``: macro one-vs-rest ROC, mean TPR over seeds on a common FPR grid, macro AUC (mean ± std)
+- ``roc``: macro one-vs-rest ROC, mean TPR over seeds on a common FPR grid, macro AUC (mean ± 95% CI half-width)
   in the legend. ``options.grid_points`` (101).
 - ``dca``: decision curves (class-averaged net benefit vs threshold) plus "treat all" / "treat none".
   ``options.thresholds`` ([lo, hi, n], default [0.01, 0.99, 100]).
 - ``reliability``: reliability diagrams in equal-width bins (seeds pooled), a panel per (eval set,
-  method), ECE (mean ± std over seeds) in the title. ``options.bins`` (15).
+  method), ECE (mean ± 95% CI half-width over seeds) in the title. ``options.bins`` (15).
 
 The curve maths is :mod:`fedrepro.metrics`. Spec keys: ``settings``, ``methods``, ``evals`` (default
 ``[global]``), ``title``.
@@ -24,7 +24,7 @@ from ..io import read_json
 from ..registry import register_figure_kind
 from .item import ReportItem, run_inputs
 from .plotting import finish, grid, pyplot
-from .stats import summarise
+from .stats import plus_minus, summarise
 
 ROUND_RULES = {"best_test": "each eval set at its best test round", "best_val": "best validation round",
                "last": "last round", "best_test_round": "the round best on the global test set"}
@@ -74,7 +74,7 @@ def roc(item: ReportItem, out_png: Path) -> None:
             curves = [M.macro_roc(labels, probs, fpr_grid)
                       for probs, labels in (load_predictions(item, setting, method, s, eval_key) for s in item.seeds)]
             auc = summarise([c["auc"] for c in curves])
-            spread = "" if math.isnan(auc["std"]) else f" ± {auc['std']:.3f}"
+            spread = "" if math.isnan(auc["ci95"]) else f" ± {auc['ci95']:.3f}"
             ax.plot(fpr_grid, np.mean([c["grid_tpr"] for c in curves], axis=0),
                     label=f"{item.method_label(method)} (AUC {auc['mean']:.3f}{spread})")
         ax.plot([0, 1], [0, 1], linestyle=":", color="grey", linewidth=0.8)
@@ -82,7 +82,8 @@ def roc(item: ReportItem, out_png: Path) -> None:
         ax.set_ylabel("true positive rate (macro)")
         ax.set_title(_panel_title(item, setting, eval_key))
         ax.legend(fontsize=6, loc="lower right")
-    finish(fig, plt, item.title, f"macro one-vs-rest, mean over {len(item.seeds)} seeds; {_rounds_note(item)}", out_png)
+    finish(fig, plt, item.title, f"macro one-vs-rest, mean over {len(item.seeds)} seeds, AUC {plus_minus(len(item.seeds))}; "
+                                 f"{_rounds_note(item)}", out_png)
 
 
 @register_figure_kind("dca", inputs=INPUTS, reads=("eval",))
@@ -121,7 +122,7 @@ def dca(item: ReportItem, out_png: Path) -> None:
 @register_figure_kind("reliability", inputs=INPUTS, reads=("eval",))
 def reliability(item: ReportItem, out_png: Path) -> None:
     """Reliability diagrams: accuracy vs confidence in equal-width bins (seeds pooled), one panel per
-    (setting, eval set, method), ECE (mean ± std over seeds) in the title."""
+    (setting, eval set, method), ECE (mean ± 95% CI half-width over seeds) in the title."""
     n_bins = int(item.options(("settings", "methods"), {"bins": 15})["bins"])
     plt = pyplot()
     methods = item.spec["methods"]
@@ -143,8 +144,9 @@ def reliability(item: ReportItem, out_png: Path) -> None:
         ax.set_ylim(0, 1)
         ax.set_xlabel("confidence")
         ax.set_ylabel("accuracy")
-        spread = "" if math.isnan(ece["std"]) else f" ± {100 * ece['std']:.2f}"
+        spread = "" if math.isnan(ece["ci95"]) else f" ± {100 * ece['ci95']:.2f}"
         ax.set_title(f"{item.method_label(method)}, {item.setting_label(setting)} — {eval_key}\n"
                      f"ECE {100 * ece['mean']:.2f}{spread} %", fontsize=8)
-    finish(fig, plt, item.title, f"{n_bins} equal-width bins, {len(item.seeds)} seeds pooled; {_rounds_note(item)}",
+    finish(fig, plt, item.title, f"{n_bins} equal-width bins, {len(item.seeds)} seeds pooled; ECE "
+                                 f"{plus_minus(len(item.seeds))}; {_rounds_note(item)}",
            out_png, legend_ax=axes[0])

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..registry import register_figure_kind
 from .item import ReportItem, split_count_inputs
-from .plotting import finish, grid, pyplot, save_figure
+from .plotting import finish, grid, pyplot, save_figure, suptitle
 from .tables import NON_CLIENT_ROWS, imbalance_ratio, pooled_train_counts
 
 
@@ -53,7 +53,7 @@ def splits(item: ReportItem, out_png: Path) -> None:
         sns.heatmap(rows, annot=len(classes) <= 12, fmt="d", cmap="viridis", cbar=False, ax=ax)
         ax.set_title(item.setting_label(setting))
         ax.set_ylabel("")
-    fig.suptitle(item.title)
+    suptitle(fig, item.title)
     fig.tight_layout()
     save_figure(fig, out_png)
     plt.close(fig)
@@ -116,7 +116,7 @@ def bubbles(item: ReportItem, out_png: Path) -> None:
         ax.set_ylim(len(clients) - 0.3, -0.7)
         ratio = imbalance_ratio(pooled_train_counts(counts, classes))
         ax.set_title(f"{item.setting_label(setting)}\nimbalance ratio {ratio:.2f}")
-    fig.suptitle(item.title)
+    suptitle(fig, item.title)
     fig.tight_layout()
     save_figure(fig, out_png)
     plt.close(fig)

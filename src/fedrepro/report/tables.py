@@ -9,11 +9,13 @@ Outputs for ``results/tables/<protocol>/<paper>/<table>``:
                 published_mark and published_note (a published value this project derived or assembled:
                 the mark and footnote of the published CSV, :mod:`fedrepro.report.published`)
     .seeds.csv  every per-seed value that went into a cell (long format)
-    .md / .tex  the table as papers print it: "mean ± err (published)" and, on a second line, "Δ measured −
-                published" (measured: this pipeline's value, never a method the paper calls "Ours"); "– (published)" where we have no value; a caption that says what ± is, how
+    .md / .tex  the table as papers print it: "mean ± half-width (published)" and, on a second line, "Δ measured −
+                published" (measured: this pipeline's value, never a method the paper calls "Ours"); "– (published)"
+                where we have no value; a caption that says what ± is (:data:`fedrepro.report.stats.PLUS_MINUS`), how
                 many seeds, which protocol and which model-selection rule produced it, what the marks of
                 derived published values mean, the table's ``note`` and, for stand-in data and models, that its numbers
-                are not comparable (every table kind ends its caption with :func:`caption_notes`)
+                are not comparable (every table kind ends its caption with :func:`caption_notes`); the .md links
+                the .seeds.csv
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ..paths import DEFAULT_NUMERICS
 from ..registry import TABLE_KINDS, method_class, register_table_kind
 from .item import ReportItem, require, split_count_inputs, stand_in, stand_in_warning
 from .published import Published, read_published
-from .stats import ERROR_BARS, summarise
+from .stats import plus_minus, summarise
 
 SUMMARY_COLUMNS = ["row", "column", "mean", "std", "se", "ci95", "n", "published", "delta", "derived", "published_mark",
                    "published_note"]
@@ -177,8 +179,7 @@ def build_table(item: ReportItem) -> TableResult:
             vals = seeds_frame[(seeds_frame.row == row_label) & (seeds_frame.column == col_label)]["value"]
             records.append(cell_record(row_label, col_label, vals.tolist(), published))
     summary = pd.DataFrame(records)
-    bars = project.config["report"]["error_bars"]
-    caption = make_caption(spec, table, project, protocols, rules, bars, len(seeds), test_data, numerics)
+    caption = make_caption(spec, table, project, protocols, rules, len(seeds), test_data, numerics)
     return TableResult(table, spec.get("title", table), row_labels, col_labels, summary, seeds_frame, caption,
                        spec.get("decimals", 2))
 
@@ -205,10 +206,10 @@ NUMERICS_NOTE = {"fast": "fast numerics (bf16 autocast on a capable GPU, JPEG DC
                          "at twice the crop size, PIL resizes), not the authors' arithmetic and pixels"}
 
 
-def make_caption(spec: dict, table: str, project: Project, protocols: set, rules: set, bars: str, n: int,
+def make_caption(spec: dict, table: str, project: Project, protocols: set, rules: set, n: int,
                  test_data: set[str] = frozenset(), numerics: set[str] = frozenset()) -> str:
     parts = [spec.get("title", table) + "."]
-    parts.append(f"Measured here: mean ± {ERROR_BARS[bars]} (n = {n} seeds); the published value in parentheses.")
+    parts.append(f"Measured here: {plus_minus(n)}; the published value in parentheses.")
     if protocols:
         parts.append(f"Protocol: {', '.join(sorted(protocols))}.")
     other = sorted(numerics - {DEFAULT_NUMERICS})
@@ -279,38 +280,48 @@ def _number(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}"
 
 
-def cell_lines(rec, bars: str, decimals: int) -> list[str]:
-    """A cell as printed: "mean ± err (published)" ("–" for our mean where there is none; the published
+def cell_lines(rec, decimals: int) -> list[str]:
+    """A cell as printed: "mean ± half-width (published)" ("–" for our mean where there is none; the published
     value keeps its mark), and a second line "Δ ±d" where both exist."""
     published = "" if math.isnan(rec["published"]) else f" ({_number(rec['published'], decimals)}{rec['published_mark']})"
     if rec["n"] == 0:
         return ["–" + published]
     text = _number(rec["mean"], decimals)
-    if not math.isnan(rec[bars]):
-        text += f" ± {_number(rec[bars], decimals)}"
+    if not math.isnan(rec["ci95"]):
+        text += f" ± {_number(rec['ci95'], decimals)}"
     lines = [text + published]
     if not math.isnan(rec["delta"]):
         lines.append(f"Δ {'−' if rec['delta'] < 0 else '+'}{_number(abs(rec['delta']), decimals)}")
     return lines
 
 
-def to_grid(result: TableResult, bars: str) -> pd.DataFrame:
+def to_grid(result: TableResult) -> pd.DataFrame:
     """rows x columns of cell lines (a list per cell; ["–"] where the table has no cell)."""
     grid = pd.DataFrame(index=result.rows, columns=result.columns, dtype=object)
     for row in result.rows:
         for column in result.columns:
             grid.at[row, column] = ["–"]
     for _, rec in result.summary.iterrows():
-        grid.at[rec["row"], rec["column"]] = cell_lines(rec, bars, result.decimals)
+        grid.at[rec["row"], rec["column"]] = cell_lines(rec, result.decimals)
     return grid
 
 
-def render_markdown(result: TableResult, bars: str) -> str:
-    grid = to_grid(result, bars)
+def seeds_file(out_md: str | Path) -> Path:
+    """``<table>.seeds.csv`` beside ``<table>.md``: every per-seed value behind the table's cells."""
+    out_md = Path(out_md)
+    return out_md.with_name(f"{out_md.stem}.seeds.csv")
+
+
+def render_markdown(result: TableResult, seeds_csv: str | None = None) -> str:
+    """The caption line (ending with a link to the per-seed values, ``seeds_csv``, where the table has some), then the
+    pipe table."""
+    grid = to_grid(result)
     header = "| | " + " | ".join(result.columns) + " |"
     rule = "|---|" + "---|" * len(result.columns)
     body = ["| " + row + " | " + " | ".join("<br>".join(lines) for lines in grid.loc[row]) + " |" for row in result.rows]
-    return "\n".join([f"**{result.name}.** {result.caption}", "", header, rule, *body, ""])
+    several = seeds_csv and result.seeds["seed"].nunique() > 1      # a split table's one split has no seeds to show
+    link = f" Per-seed values: [{seeds_csv}]({seeds_csv})." if several else ""
+    return "\n".join([f"**{result.name}.** {result.caption}{link}", "", header, rule, *body, ""])
 
 
 def _tex_escape(text: str) -> str:
@@ -329,8 +340,8 @@ def _tex_cell(lines: list[str]) -> str:
             + "".join(r" \\ {\footnotesize " + _tex_escape(line) + "}" for line in lines[1:]) + r"\end{tabular}")
 
 
-def render_latex(result: TableResult, bars: str) -> str:
-    grid = to_grid(result, bars)
+def render_latex(result: TableResult) -> str:
+    grid = to_grid(result)
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
              rf"\caption{{{_tex_escape(result.caption)}}}", rf"\label{{tab:{result.name}}}",
              r"\begin{tabular}{l" + "c" * len(result.columns) + "}", r"\toprule",
@@ -341,13 +352,12 @@ def render_latex(result: TableResult, bars: str) -> str:
     return "\n".join(lines)
 
 
-def write_table(result: TableResult, out_md: str | Path, bars: str) -> None:
+def write_table(result: TableResult, out_md: str | Path) -> None:
     out_md = Path(out_md)
-    stem = out_md.with_suffix("")
-    write_csv(stem.with_suffix(".csv"), result.summary)
-    write_csv(stem.parent / f"{stem.name}.seeds.csv", result.seeds)
-    write_text(stem.with_suffix(".tex"), render_latex(result, bars))
-    write_text(out_md, render_markdown(result, bars))
+    write_csv(out_md.with_suffix(".csv"), result.summary)
+    write_csv(seeds_file(out_md), result.seeds)
+    write_text(out_md.with_suffix(".tex"), render_latex(result))
+    write_text(out_md, render_markdown(result, seeds_file(out_md).name))
 
 
 @register_table_kind("split_counts", inputs=counts_inputs)
