@@ -1,4 +1,4 @@
-# fedrepro: the whole pipeline as one JOBS.
+# fedrepro: the whole pipeline as one DAG.
 #
 #   download -> prepare -> split -> image cache / features (frozen encoders) -> train (protocol x paper
 #   x setting x method x seed) -> tables / figures (embeddings of trained models where a figure needs
