@@ -3,7 +3,8 @@
 
     python scripts/test-shards.py 2                    # what `FEDREPRO_TEST_SHARDS=2 bash scripts/test.sh` runs
     python scripts/test-shards.py 2 -m "not slow"      # pytest options go to every shard
-    python scripts/test-shards.py --record             # after a whole run: measured seconds per file -> tests/durations.json
+    python scripts/test-shards.py 2 --record           # also write each file's measured seconds to tests/durations.json
+    FEDREPRO_TEST_SECONDS=/tmp/s.json bash .ci/run     # ... or to /tmp/s.json (e.g. from a CI run on a fresh clone)
 
 Most tests run one Python process on one core (a Snakemake dry run, a CLI command, a small model), so one pytest
 leaves the second core of a 2-core runner idle for much of the suite. The shards share nothing: shard 0 runs in this
@@ -71,17 +72,13 @@ def copy_checkout(dest: Path) -> Path:
     return dest
 
 
-def record(logs: list[Path]) -> None:
-    """Seconds per test file from the ``--durations=0`` tables of the shards' logs, into tests/durations.json."""
-    per_file: dict[str, float] = {}
-    for log in logs:
-        for line in log.read_text(errors="replace").splitlines():
-            m = re.match(r"\s*([\d.]+)s (?:call|setup|teardown)\s+(tests/\S+?\.py)::", line)
-            if m:
-                per_file[m.group(2)] = per_file.get(m.group(2), 0.0) + float(m.group(1))
-    if per_file:
-        DURATIONS.write_text(json.dumps({f: round(s, 1) for f, s in sorted(per_file.items())}, indent=1) + "\n")
-        print(f"{DURATIONS.relative_to(ROOT)}: {len(per_file)} files, {sum(per_file.values()):.0f} s")
+def merge(parts: list[Path]) -> dict[str, float]:
+    """The shards' seconds per test file (tests/conftest.py writes them where FEDREPRO_TEST_SECONDS says)."""
+    merged: dict[str, float] = {}
+    for part in parts:
+        if part.exists():
+            merged.update(json.loads(part.read_text()))
+    return merged
 
 
 def main(argv: list[str]) -> int:
@@ -96,17 +93,17 @@ def main(argv: list[str]) -> int:
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     plan = [files for files in assign(test_files(), shards, seconds) if files]
     scratch = Path(tempfile.mkdtemp(prefix="fedrepro-shards-"))
-    durations = ["--durations=0", "--durations-min=0.5"] if keep else ["--durations=25"]
+    parts = [scratch / f"seconds{i}.json" for i in range(len(plan))]
     procs, logs = [], []
     for i, files in enumerate(plan):
         where = ROOT if i == 0 else copy_checkout(scratch / f"shard{i}")
-        env = dict(os.environ)
+        env = dict(os.environ, FEDREPRO_TEST_SECONDS=str(parts[i]))
         if i:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where / "src"), env.get("PYTHONPATH")]))
         log = scratch / f"shard{i}.log"
         expected = sum(seconds.get(f, 0.0) for f in files)
         print(f"shard {i}: {len(files)} test files (~{expected / 60:.0f} min measured) in {where}", flush=True)
-        procs.append(subprocess.Popen([sys.executable, "-m", "pytest", *files, *options, *durations,
+        procs.append(subprocess.Popen([sys.executable, "-m", "pytest", *files, *options, "--durations=25",
                                        f"--basetemp={scratch / f'tmp{i}'}"], cwd=where, env=env,
                                       stdout=log.open("w"), stderr=subprocess.STDOUT))
         logs.append(log)
@@ -116,8 +113,13 @@ def main(argv: list[str]) -> int:
         print(f"\n======== shard {i} (exit {codes[-1]}, {(time.monotonic() - start) / 60:.1f} min) ========", flush=True)
         sys.stdout.write(logs[i].read_text(errors="replace"))
         sys.stdout.flush()
-    if keep:
-        record(logs)
+    measured = merge(parts)
+    for i, files in enumerate(plan):
+        print(f"shard {i}: {sum(measured.get(f, 0.0) for f in files) / 60:.1f} min in its tests "
+              f"(~{sum(seconds.get(f, 0.0) for f in files) / 60:.0f} min expected)")
+    for out in filter(None, [DURATIONS if keep else None, os.environ.get("FEDREPRO_TEST_SECONDS")]):
+        Path(out).write_text(json.dumps({f: round(s, 1) for f, s in sorted(measured.items())}, indent=1) + "\n")
+        print(f"{out}: seconds of {len(measured)} test files, {sum(measured.values()):.0f} s in all")
     failed = [c for c in codes if c not in (0, NO_TESTS)]
     if failed:
         print(f"\nfailed: shard(s) {[i for i, c in enumerate(codes) if c not in (0, NO_TESTS)]}; their copies and "

@@ -25,6 +25,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+# seconds per test file (setup, call and teardown of its tests), written at the end of the session where
+# FEDREPRO_TEST_SECONDS names a file: scripts/test-shards.py places files on shards by them (tests/durations.json)
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get("FEDREPRO_TEST_SECONDS")
+    if out and _FILE_SECONDS:
+        import json
+
+        Path(out).write_text(json.dumps({f: round(s, 1) for f, s in sorted(_FILE_SECONDS.items())}, indent=1))
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
