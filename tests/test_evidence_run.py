@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -135,3 +136,15 @@ def test_the_slice_learns(root):
     assert (bar["passed"] == (bar["value"] >= bar["threshold"])).all()
     clear = bar["passed"].sum()       # one seed: a row clears the bar when its run does
     assert f"{clear} of {len(bar)} (setting, method) rows clear the bar" in result.stdout, result.stdout[-2000:]
+    # a run below the bar with its paper file's reason (CReFF: config/evidence/fediic.yaml) stands on the page with
+    # the reason and its validation curves; the slice holds CReFF for this
+    overlay = load_project([root / EVIDENCE, root / SLICE], root=root)
+    try:
+        page = Path(paths.evidence("index.md"))
+        for r in bar[~bar["passed"]].itertuples():
+            reason = overlay.papers[r.paper]["methods"][r.method].get("bar_explanation")
+            if reason:
+                assert " ".join(reason.split())[:60] in page.read_text(), r.method
+                assert (page.parent / f"{r.paper}-validation.png").stat().st_size > 1000, r.paper
+    finally:
+        load_project([root / FULL], root=root)
