@@ -40,6 +40,15 @@ def test_files() -> list[str]:
     return sorted(f for f in listing if re.fullmatch(r"tests/(.*/)?test_[^/]*\.py", f) and (ROOT / f).is_file())
 
 
+def for_selection(seconds: dict[str, float], options: list[str]) -> dict[str, float]:
+    """The measured seconds that fit the selection: with -m "not slow", those of each file's tests not marked slow
+    (tests/conftest.py records both; a file measured only as a whole counts whole)."""
+    marks = " ".join(options[i + 1] for i, o in enumerate(options[:-1]) if o == "-m")
+    if " ".join(marks.split()) != "not slow":
+        return {f: s for f, s in seconds.items() if not f.endswith(" (not slow)")}
+    return {f: seconds.get(f"{f} (not slow)", s) for f, s in seconds.items() if not f.endswith(" (not slow)")}
+
+
 def assign(files: list[str], shards: int, seconds: dict[str, float]) -> list[list[str]]:
     """Longest first onto the least loaded shard (files not measured yet count as the median file)."""
     default = statistics.median(seconds.values()) if seconds else 1.0
@@ -90,7 +99,7 @@ def main(argv: list[str]) -> int:
     paths = [a for a in options if not a.startswith("-") and ("::" in a or (ROOT / a).exists())]
     if shards < 2 or paths:
         return subprocess.call([sys.executable, "-m", "pytest", *options], cwd=ROOT)
-    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    seconds = for_selection(json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}, options)
     plan = [files for files in assign(test_files(), shards, seconds) if files]
     scratch = Path(tempfile.mkdtemp(prefix="fedrepro-shards-"))
     parts = [scratch / f"seconds{i}.json" for i in range(len(plan))]
@@ -117,9 +126,14 @@ def main(argv: list[str]) -> int:
     for i, files in enumerate(plan):
         print(f"shard {i}: {sum(measured.get(f, 0.0) for f in files) / 60:.1f} min in its tests "
               f"(~{sum(seconds.get(f, 0.0) for f in files) / 60:.0f} min expected)")
-    for out in filter(None, [DURATIONS if keep else None, os.environ.get("FEDREPRO_TEST_SECONDS")]):
-        Path(out).write_text(json.dumps({f: round(s, 1) for f, s in sorted(measured.items())}, indent=1) + "\n")
-        print(f"{out}: seconds of {len(measured)} test files, {sum(measured.values()):.0f} s in all")
+    if os.environ.get("FEDREPRO_TEST_SECONDS"):
+        Path(os.environ["FEDREPRO_TEST_SECONDS"]).write_text(json.dumps(measured, indent=1, sort_keys=True) + "\n")
+    if keep:    # a file's whole seconds only from a run of all its tests
+        kept = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        whole = "-m" not in options and "-k" not in options
+        kept.update({f: round(s, 1) for f, s in measured.items() if whole or f.endswith(" (not slow)")})
+        DURATIONS.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        print(f"{DURATIONS.relative_to(ROOT)}: the measured seconds of {len(measured)} entries")
     failed = [c for c in codes if c not in (0, NO_TESTS)]
     if failed:
         print(f"\nfailed: shard(s) {[i for i, c in enumerate(codes) if c not in (0, NO_TESTS)]}; their copies and "

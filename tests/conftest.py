@@ -25,14 +25,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-# seconds per test file (setup, call and teardown of its tests), written at the end of the session where
-# FEDREPRO_TEST_SECONDS names a file: scripts/test-shards.py places files on shards by them (tests/durations.json)
+# seconds per test file (setup, call and teardown of its tests; "<file> (not slow)": of its tests not marked slow),
+# written at the end of the session where FEDREPRO_TEST_SECONDS names a file: scripts/test-shards.py places files on
+# shards by them (tests/durations.json)
 _FILE_SECONDS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
     path = report.nodeid.split("::", 1)[0]
-    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    for key in [path] if "slow" in report.keywords else [path, f"{path} (not slow)"]:
+        _FILE_SECONDS[key] = _FILE_SECONDS.get(key, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session):

@@ -120,6 +120,10 @@ HOW: dict[str, How] = {
                                  "(snakemake -n --configfile=config/demo.yaml all --quiet rules) and its report rule runs in "
                                  "tests/test_pipeline.py"),
     "bash scripts/test.sh": Skip(SUITE),
+    "FEDREPRO_TEST_SHARDS=1 bash scripts/test.sh": Skip(SUITE),
+    "python scripts/test-shards.py 2 --record": Skip("the whole suite, then tests/durations.json rewritten: CI runs the "
+                                                     "suite this way; tests/test_test_shards.py checks its shard copies, "
+                                                     "placement and seconds"),
     "snakemake --cores 2 --configfile=config/demo.yaml all --rerun-incomplete": DRY,
     "snakemake --cores 1 --configfile=config/demo.yaml report": Run("localrule report:", "Finished"),
     "bash scripts/evidence.sh": Skip("the evidence run (hours); its slice runs in tests/test_evidence_run.py"),

@@ -41,3 +41,10 @@ def test_longest_files_go_first_onto_the_least_loaded_shard():
     loads = [sum(seconds.get(f, 55.0) for f in files) for files in plan]     # "new": the median, 55 s
     assert sorted(f for files in plan for f in files) == ["a", "b", "c", "d", "new"]
     assert plan == [["a", "c"], ["b", "new", "d"]] and loads == [150.0, 125.0]
+
+
+def test_a_not_slow_run_is_placed_by_the_seconds_of_its_files_not_slow_tests():
+    seconds = {"tests/a.py": 500.0, "tests/a.py (not slow)": 2.0, "tests/b.py": 30.0}
+    select = _shards().for_selection
+    assert select(seconds, ["-m", "not slow"]) == {"tests/a.py": 2.0, "tests/b.py": 30.0}
+    assert select(seconds, ["-q"]) == {"tests/a.py": 500.0, "tests/b.py": 30.0}
