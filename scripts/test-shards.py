@@ -78,6 +78,9 @@ def copy_checkout(dest: Path) -> Path:
     (dest / ".venv").symlink_to(ROOT / ".venv")
     with (dest / ".git/info/exclude").open("a") as exclude:     # a link, not a folder: '.venv/' would not match it
         exclude.write("/.venv\n")
+    # its package's bytecode (scripts/setup.sh does this for the checkout): not compiled again by every process
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(dest / "src/fedrepro")], check=True,
+                   stdout=subprocess.DEVNULL)
     return dest
 
 

@@ -35,6 +35,12 @@ def copy_repo(dest: Path, profiles: bool = False) -> Path:
         if src.is_symlink() or src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel, follow_symlinks=False)
+    # the package's bytecode too (valid: copy2 keeps the sources' times): every process of the copy would compile it
+    # again where PYTHONDONTWRITEBYTECODE is set (CI)
+    for pyc in (REPO / "src").rglob("__pycache__/*.pyc"):
+        if (dest / pyc.relative_to(REPO)).parent.parent.is_dir():
+            (dest / pyc.relative_to(REPO)).parent.mkdir(exist_ok=True)
+            shutil.copy2(pyc, dest / pyc.relative_to(REPO))
     if profiles:
         shutil.copytree(warm_profiles(), dest / "resources/model_profiles", dirs_exist_ok=True)
     return dest
