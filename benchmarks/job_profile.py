@@ -46,7 +46,7 @@ def one_run_per_family(project, seed: int) -> list:
 
 def build_inputs(configfiles: list[str], targets: list[str], cores: int) -> None:
     """Everything the runs read (data, splits, caches, weights), through the workflow, without training them."""
-    subprocess.run(["snakemake", "--cores", str(cores), "--quiet", "rules", "--omit-from", "train",
+    subprocess.run([sys.executable, "-m", "snakemake", "--cores", str(cores), "--quiet", "rules", "--omit-from", "train",
                     "--configfile", *configfiles, "--", *targets], cwd=ROOT, check=True)
 
 
@@ -56,7 +56,7 @@ def profile(run: dict, scratch: Path) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "FEDREPRO_CPUS": str(run["threads"] or 1)}
     env.pop("FEDREPRO_FORKSERVER", None)
     start = time.perf_counter()
-    proc = subprocess.run(["fedrepro", "train", "--run", json.dumps(run), "--out", str(out), "--checkpoint-dir",
+    proc = subprocess.run([str(Path(sys.executable).with_name("fedrepro")), "train", "--run", json.dumps(run), "--out", str(out), "--checkpoint-dir",
                            str(ckpt)], cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode:
