@@ -98,7 +98,7 @@ rule image_cache:
         index=paths.image_cache_index(paths.image_cache("{dataset}", "{spec}")),
     params:
         raw=lambda wc, input: JOBS.raw_root(input.raw),
-    threads: 8
+    threads: PROJECT.config["cache_threads"]
     resources:
         mem_mb=per_attempt(8000),
         # the measured cache-building rate per process x the threads, with a margin (fedrepro.cost.runtime); 240 without
@@ -128,7 +128,7 @@ rule features:
         draft=lambda wc: str(JOBS.feature_job(wc)["jpeg_draft"]).lower(),
         pixels=lambda wc: JOBS.feature_job(wc)["pixels"],
         class_texts=lambda wc: json.dumps(JOBS.class_texts(wc.dataset)),   # what the prompts say: a change reruns the job
-    threads: 8
+    threads: PROJECT.config["cache_threads"]
     resources:
         gpu=1,
         mem_mb=per_attempt(16000),
