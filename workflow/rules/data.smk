@@ -48,7 +48,7 @@ rule prepare:
     params:
         raw=lambda wc, input: JOBS.raw_root(input[0]),
         corrupt=PROJECT.config["data"]["corrupt_images"],
-    threads: 4
+    threads: min(4, PROJECT.config["cache_threads"])
     resources:
         mem_mb=per_attempt(4000),
         runtime=per_attempt(60),
