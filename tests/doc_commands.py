@@ -116,7 +116,7 @@ PLUGIN = ("needs the example plug-in installed: tests/test_plugin_example.py ins
 
 HOW: dict[str, How] = {
     # ---- README: two commands
-    "bash scripts/demo.sh": Skip("the demo itself (8 minutes; run by the integrator): its DAG is planned below "
+    "bash scripts/demo.sh": Skip("the demo itself (10 minutes; CI runs it after the suite): its DAG is planned below "
                                  "(snakemake -n --configfile=config/demo.yaml all --quiet rules) and its report rule runs in "
                                  "tests/test_pipeline.py"),
     "bash scripts/test.sh": Skip(SUITE),
