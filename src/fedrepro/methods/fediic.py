@@ -195,8 +195,10 @@ class FedIIC(ModelAveraging):
     def client_class_losses(self, client, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys = (client.index,) if self.params["difficulty_augment"] == "fixed" else (rnd, client.index)
         logits, labels = [], []
+        plan = self.recorded_pass("fediic-difficulty", *keys)      # a replay: the recorded run's images
         with fixed_randomness(self.ctx.seed, "augment", "fediic-difficulty", *keys):
-            for out, batch in outputs_over(self.family, self.server, client.train, self.ctx.train, self.compute):
+            for out, batch in outputs_over(self.family, self.server, client.train, self.ctx.train, self.compute,
+                                           plan=plan):
                 logits.append(out.logits)
                 labels.append(batch["y"])
         if not logits:
@@ -214,7 +216,10 @@ class FedIIC(ModelAveraging):
             "adjustment": dala_adjustment(prior, class_loss, self.params["q"], self.params["dala_eps"])
             if class_loss is not None else None,
         }
-        return super().local_update(client, message, rnd)
+        update = super().local_update(client, message, rnd)
+        # what the server sent besides the model, for comparisons with the authors' run (fedrepro.parity)
+        update.stats["received"] = {"class_loss": class_loss, "prototypes": self.current["prototypes"]}
+        return update
 
     def local_loss(self, model, batch, client, rnd):
         p, cur = self.params, self.current
@@ -224,12 +229,16 @@ class FedIIC(ModelAveraging):
             loss = logit_adjusted_cross_entropy(out.logits, y, cur["adjustment"])
         else:
             loss = cross_entropy_over(out.objective)
+        terms = {"ce": loss}
         if self.contrastive:
             z = F.normalize(self.family.project(model, out), dim=1)
             labels = self.family.view_labels(out, y)
             if p["k1"] > 0:
-                loss = loss + p["k1"] * intra_client_contrastive(z, labels, cur["prior"], p["t"], p["intra_tau"],
-                                                                 p["intra_tau_floor"], p["reduction"])
+                terms["intra"] = intra_client_contrastive(z, labels, cur["prior"], p["t"], p["intra_tau"],
+                                                          p["intra_tau_floor"], p["reduction"])
+                loss = loss + p["k1"] * terms["intra"]
             if p["k2"] > 0:
-                loss = loss + p["k2"] * inter_client_contrastive(z, labels, cur["prototypes"], p["inter_tau"], p["reduction"])
+                terms["inter"] = inter_client_contrastive(z, labels, cur["prototypes"], p["inter_tau"], p["reduction"])
+                loss = loss + p["k2"] * terms["inter"]
+        out.extra["terms"] = terms        # each term unweighted, as the authors' code logs them
         return loss, out
