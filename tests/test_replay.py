@@ -173,12 +173,13 @@ def test_the_new_options_leave_every_other_run_as_it_was():
 
     grid_project = grid()
     paper = grid_project.resolver.run_config(grid_project.resolver.run_key("fediic", "isic", "fediic", 0, "paper"))
-    assert paper["train"]["model"]["swish"] == "memory_efficient" and "replay" not in paper
+    assert paper["train"]["model"]["swish"] == "memory_efficient" and paper["train"]["arithmetic"] == "authors"
+    assert "replay" not in paper
     for config in ("config/demo.yaml", "config/evidence.yaml"):
         project = load_project([config])
         for key in project.plan.runs():
             run = project.resolver.run_config(key)
-            assert "replay" not in run
+            assert "replay" not in run and "arithmetic" not in run["train"]
             if run["train"]["model"]["family"] == "proj_classifier":
                 assert "swish" not in run["train"]["model"], (config, key)
     # pinned on main before this option existed: a change here reruns the demo's FedIIC runs
