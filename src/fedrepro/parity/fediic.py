@@ -468,7 +468,9 @@ def initial_model(standin: dict, head_torch_state: np.ndarray, classes: int = 8)
         torch.set_rng_state(torch.as_tensor(head_torch_state, dtype=torch.uint8))
         fc, first, second = nn.Linear(1280, classes), nn.Linear(1280, 1280), nn.Linear(1280, 1024)
     head = {f"model._fc.{k}": v for k, v in fc.state_dict().items()}
-    state = {f"model.{k}": v for k, v in standin.items() if not k.startswith("_fc.")}
+    # load_state_dict copies the stand-in's one-element num_batches_tracked into the model's 0-dim buffer
+    state = {f"model.{k}": v.reshape(()) if k.endswith("num_batches_tracked") else v
+             for k, v in standin.items() if not k.startswith("_fc.")}
     state |= head                                  # the submodule replaced in place: its keys stay last of model.*
     state |= {f"projector.0.{k}": v for k, v in first.state_dict().items()}
     state |= {f"projector.1.{k}": v for k, v in second.state_dict().items()}
