@@ -318,7 +318,8 @@ HOW: dict[str, How] = {
     "fedrepro parity fediic --authors /tmp/fediic --python /tmp/fediic-venv/bin/python": Skip(AUTHORS_CODE),
     "fedrepro parity fediic --golden tests/data/parity/fediic": Skip(
         "replays two rounds of EfficientNet-B0 at 224 px (minutes on 2 cores): tests/parity/test_whole_run_golden.py "
-        "replays its first round (slow) and checks its inputs and every recorded augmentation"),
+        "replays the server's first message and client 0's first round and checks its inputs and every recorded "
+        "augmentation"),
     "git clone https://github.com/wnn2000/FedIIC /tmp/fediic && git -C /tmp/fediic checkout 0c4de6e": Skip(AUTHORS_CODE),
     "python3 -m venv /tmp/fediic-venv": Skip(AUTHORS_CODE),
     "/tmp/fediic-venv/bin/pip install torch==2.14.1 torchvision==0.29.1 efficientnet_pytorch==0.7.1 pretrainedmodels "

@@ -9,8 +9,11 @@ here from seeds and must match the recorded digests.
 - fast: the rebuilt inputs match; fedrepro's split gives every client the authors' images; and fedrepro's training
   transform, loading each recorded item under its recorded states, produces the authors' two augmented views bit for
   bit (their SHA-256, taken by the recorder from what the authors' ``__getitem__`` returned).
-- slow: fedrepro's first round replayed against the authors' (every client's losses and terms at every step, the
-  per-class losses and prototypes the server sent, the weights against their drift, the validation BACC).
+- the parity check itself (about 10 s on one core, so not ``slow``: it is what fails when parity breaks): the
+  server's first message (per-class losses of the global model over every client's recorded images, the prototypes)
+  and client 0's first local update replayed as the train job makes them, against the authors' (the loss and each
+  term at every step, the weights at the record's sampled positions against their drift). The whole two rounds:
+  ``fedrepro parity fediic --golden tests/data/parity/fediic`` (minutes).
 """
 
 from __future__ import annotations
@@ -83,7 +86,6 @@ def test_every_recorded_augmentation_is_the_authors(fediic_inputs):
     assert checked == 2 * 56 and not wrong, f"{len(wrong)} of {checked} augmentations differ, e.g. {wrong[:3]}"
 
 
-@pytest.mark.slow
 def test_the_first_round_of_client_0_is_the_authors(tmp_path):
     """The server's first message (the per-class losses of the global model over every client's recorded images,
     the orthogonalised prototypes) and client 0's first local update, replayed as the train job makes them, against
