@@ -274,7 +274,7 @@ def recorded_state(states: dict, row: int) -> ItemState:
 
 
 def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: logging.Logger | None = None,
-              checkpoint_every: float = 0.0, observe=None) -> dict:
+              checkpoint_every: float = 0.0, *, observe=None) -> dict:
     """Train one run and write its outputs. ``checkpoint_every``: seconds between two writes of ``resume.pt`` (0: after
     every round; :func:`fedrepro.fl.engine.run_rounds`); the ``train`` command's default is a minute. ``observe``:
     called after every round (``fl.engine.run_rounds``)."""
@@ -321,7 +321,7 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     resume = checkpoint_dir / "resume.pt"
     with loader_pool(federation_datasets(fed), workers if run["input"] != "features" else 0,
                      pin_memory=device.type == "cuda"):
-        result = run_rounds(method, fed, run, resume, log, checkpoint_every, observe)
+        result = run_rounds(method, fed, run, resume, log, checkpoint_every, observe=observe)
 
     with phases("outputs"):
         summary = summarise(result.history, run, len(method.participants())) | {"test_data": test_data}

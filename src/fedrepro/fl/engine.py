@@ -40,7 +40,7 @@ class RunResult:
 
 
 def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: Path,
-               log: logging.Logger | None = None, checkpoint_every: float = 0.0,
+               log: logging.Logger | None = None, checkpoint_every: float = 0.0, *,
                observe: Callable | None = None) -> RunResult:
     """``checkpoint_every``: seconds of work a kill may cost at most; ``resume.pt`` is written after a round once that
     long has passed since the last write, and after the last round (0: after every round). Resuming gives the same

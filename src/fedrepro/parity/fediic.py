@@ -277,7 +277,7 @@ def replay_fedrepro(run: dict, expected: Expected, log: logging.Logger) -> tuple
 
     shutil.rmtree(run["paths"]["out"], ignore_errors=True)
     shutil.rmtree(run["paths"]["checkpoints"], ignore_errors=True)
-    summary = train_run(run, run["paths"]["out"], run["paths"]["checkpoints"], log, observe)
+    summary = train_run(run, run["paths"]["out"], run["paths"]["checkpoints"], log, observe=observe)
     return rows, summary
 
 
