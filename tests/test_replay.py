@@ -22,13 +22,7 @@ from parity.harness import configured_model, paper_run
 from parity.harness import project as grid
 from parity.spec_fediic import federation
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")          # conftest.py
 
 
 def current_state() -> ItemState:
