@@ -114,6 +114,11 @@ SLURM_ROOT = "starts a one-node SLURM as root (installs Debian packages): tests/
 PLUGIN = ("needs the example plug-in installed: tests/test_plugin_example.py installs it (pip install -e) into a "
           "throw-away environment and runs its shapes data, the extended grid and one of its tables there")
 
+AUTHORS_CODE = ("the authors' repository and their Python environment (GitHub, PyPI; not here): the golden record it "
+                "made is replayed by tests/parity/test_whole_run_golden.py")
+PARITY_REFUSAL = ("fedrepro parity fediic --authors /nonexistent", "the authors' checkout is not part of the repository: "
+                  "one that is not there is refused by name", "no train_FedIIC.py there")
+
 HOW: dict[str, How] = {
     # ---- README: two commands
     "bash scripts/demo.sh": Skip("the demo itself (10 minutes; CI runs it after the suite): its DAG is planned below "
@@ -307,6 +312,20 @@ HOW: dict[str, How] = {
     # ---- numbers in the docs
     "python benchmarks/demo_numbers.py": Help("python benchmarks/demo_numbers.py", "needs a demo run's results; "
                                               "tests/test_doc_numbers.py renders its block and checks it against them"),
+    # ---- whole-run parity (docs/parity.md)
+    "fedrepro parity <paper> --authors <checkout>": Instead(*PARITY_REFUSAL, rc=1),
+    "fedrepro parity fediic --authors <checkout>": Instead(*PARITY_REFUSAL, rc=1),
+    "fedrepro parity fediic --authors /tmp/fediic --python /tmp/fediic-venv/bin/python": Skip(AUTHORS_CODE),
+    "fedrepro parity fediic --golden tests/data/parity/fediic": Skip(
+        "replays two rounds of EfficientNet-B0 at 224 px (minutes on 2 cores): tests/parity/test_whole_run_golden.py "
+        "replays the server's first message and client 0's first round and checks its inputs and every recorded "
+        "augmentation"),
+    "git clone https://github.com/wnn2000/FedIIC /tmp/fediic && git -C /tmp/fediic checkout 0c4de6e": Skip(AUTHORS_CODE),
+    "python3 -m venv /tmp/fediic-venv": Skip(AUTHORS_CODE),
+    "/tmp/fediic-venv/bin/pip install torch==2.14.1 torchvision==0.29.1 efficientnet_pytorch==0.7.1 pretrainedmodels "
+    "six tensorboardX pandas scikit-learn": Skip(AUTHORS_CODE),
+    "fedrepro train --run <json>": Skip("the form of the train rule's command (the pipeline tests run it); a run with a "
+                                        "replay block: tests/test_replay.py, tests/parity/test_whole_run_golden.py"),
 }
 
 # commands that differ only in their target, one rule each (every pattern must match a documented command)

@@ -31,7 +31,9 @@ from fedrepro.methods.climb import climb_dual_step, climb_weights
 from fedrepro.methods.creff import classifier_gradients, gradient_distance
 from fedrepro.methods.fediic import (
     class_loss_sums,
+    contrastive_as_code,
     dala_adjustment,
+    fedavg_as_code,
     inter_client_contrastive,
     intra_client_contrastive,
     mean_class_loss,
@@ -105,6 +107,45 @@ def test_inter_client_contrastive_hand_value():
     assert inter_client_contrastive(z, torch.tensor([0, 1]), protos, tau=0.1).item() == pytest.approx(expected, rel=1e-5)
     wrong = L(1 + math.exp(10.0))
     assert inter_client_contrastive(z, torch.tensor([1, 1]), protos, tau=0.1).item() == pytest.approx((wrong + expected) / 2, rel=1e-5)
+
+
+def test_the_authors_contrastive_steps_give_the_same_losses_rounded_otherwise():
+    """``contrastive_as_code`` (train.arithmetic: authors) is eqs. 3-4 as the functions above compute them (their
+    hand values), in wnn2000/FedIIC's own steps; float32 gradients then differ in the last bits, which is what
+    Adam's first step turns into whole +/- lr steps (docs/papers/fediic.md, "Whole-run parity")."""
+    z = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.6, 0.8]])      # two images, two views each
+    y = torch.tensor([0, 1, 0, 1])
+    protos = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    prior = torch.tensor([0.8, 0.2])
+    intra, inter = contrastive_as_code(z, y, prior, protos)
+    assert intra.item() == pytest.approx(intra_client_contrastive(z, y, prior).item(), rel=1e-6)
+    assert inter.item() == pytest.approx(inter_client_contrastive(z, y, protos).item(), rel=1e-6)
+
+    gen = torch.Generator().manual_seed(0)
+    base = F.normalize(torch.randn(24, 64, generator=gen), dim=1)
+    y = torch.arange(12).remainder(4).repeat(2)
+    prior, protos = torch.tensor([0.4, 0.3, 0.2, 0.1]), F.normalize(torch.randn(4, 64, generator=gen), dim=1)
+    mine, theirs = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
+    (2 * intra_client_contrastive(mine, y, prior) + 2 * inter_client_contrastive(mine, y, protos)).backward()
+    intra, inter = contrastive_as_code(theirs, y, prior, protos)
+    (2 * intra + 2 * inter).backward()
+    assert torch.allclose(mine.grad, theirs.grad, atol=1e-6) and not torch.equal(mine.grad, theirs.grad)
+
+
+def test_the_authors_fedavg_steps():
+    """wnn2000/FedIIC utils/FedAvg.py: n_0 w_0 + n_1 w_1 + ... in the entry's dtype, then / sum(n); an integer entry
+    becomes a float there, which loading truncates. The same mean as fedrepro's float64 one, rounded otherwise."""
+    from fedrepro.fl.method import weighted_average
+
+    states = [{"w": torch.tensor([0.1, 1.0]), "n": torch.tensor(3)}, {"w": torch.tensor([0.2, 2.0]), "n": torch.tensor(4)}]
+    averaged = fedavg_as_code(states, [1, 2])
+    assert averaged["w"].tolist() == pytest.approx([(0.1 + 2 * 0.2) / 3, 5 / 3], rel=1e-6)
+    assert averaged["n"].dtype == torch.int64 and averaged["n"].item() == 3          # 11 / 3 = 3.67, truncated
+    gen = torch.Generator().manual_seed(0)
+    states = [{"w": torch.randn(10_000, generator=gen)} for _ in range(10)]
+    sizes = [6, 6, 6, 6, 6, 6, 5, 5, 5, 5]
+    ours, code = weighted_average(states, sizes)["w"], fedavg_as_code(states, sizes)["w"]
+    assert torch.allclose(ours, code, atol=1e-6) and not torch.equal(ours, code)
 
 
 def test_orthogonalization_one_step_by_hand():
@@ -916,7 +957,7 @@ def test_demo_end_to_end(demo_project, tmp_path, monkeypatch):
         assert 0.0 <= metrics["eval"]["global"]["bacc"] <= 1.0 and metrics["eval"]["global"]["n"] == 204
         assert Path(paths.model_file(key)).exists()
         assert not Path(paths.checkpoint_dir(key), "resume.pt").exists()
-    write_table(make_table(table_item(demo_project, "clean", "fediic", "imbalance")), "results/tables/fediic/imbalance.md", "std")
+    write_table(make_table(table_item(demo_project, "clean", "fediic", "imbalance")), "results/tables/fediic/imbalance.md")
     balance = pd.read_csv("results/tables/fediic/imbalance.csv")
     ratio = balance[balance["column"] == "imbalance ratio"]["mean"]
     counts = pd.read_csv(next(Path("resources/splits").glob("demo_fashion_lt-creff*.counts.csv")))

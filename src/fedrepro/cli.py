@@ -121,6 +121,26 @@ def cmd_train(args) -> None:
     train_run(run, args.out, args.checkpoint_dir, logging.getLogger("fedrepro.train"), args.checkpoint_every)
 
 
+def cmd_parity(args) -> None:
+    from . import paths
+    from .parity import PARITY, ParityError, run_parity
+
+    work = Path(args.work or paths.parity_work(args.paper))
+    if args.paper not in PARITY:
+        raise SystemExit(f"fedrepro parity: no whole-run comparison for {args.paper!r} yet (have: {', '.join(PARITY)}); "
+                         f"docs/parity.md says which component checks stand in for the others")
+    try:
+        passed = run_parity(args.paper, work=work, authors=args.authors, golden=args.golden, python=args.python,
+                            rounds=args.rounds, batch_size=args.batch_size, threads=args.threads,
+                            stochastic=args.stochastic == "on", config=args.config, save=args.save,
+                            reuse=args.reuse)
+    except ParityError as error:      # the comparison could not be made: what and what next, no traceback
+        logging.getLogger("fedrepro").error("%s", error)
+        raise SystemExit(1) from None
+    if not passed:
+        raise SystemExit(1)
+
+
 def cmd_downstream(args) -> None:
     from .downstream import run_downstream
 
@@ -450,6 +470,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"write resume.pt after a round once this long has passed since the last write, and after the "
                         f"last round; 0: after every round (default: ${CHECKPOINT_VAR}, else 60)")
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("parity", help="run the authors' own training code and fedrepro's paper run on the same fixture "
+                                      "and first model, and compare them round by round (docs/parity.md)")
+    p.add_argument("paper")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--authors", metavar="CHECKOUT", help="the authors' repository at the commit docs/parity.md names")
+    source.add_argument("--golden", metavar="DIR", help="replay fedrepro against a golden record instead (what CI "
+                                                        "does; no authors' code needed)")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python of the authors' environment (default: this one)")
+    p.add_argument("--rounds", type=int, help="rounds to run (default: 2; a golden record: all it holds)")
+    p.add_argument("--batch-size", type=int, help="local batch size on both sides (default: the paper configuration's)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads on both sides (default: 2)")
+    p.add_argument("--stochastic", choices=("off", "on"), default="off",
+                   help="dropout and drop-path: off on both sides for the exact comparison (default)")
+    p.add_argument("--work", help="working folder (default: <results>/parity/<paper>)")
+    p.add_argument("--reuse", action="store_true", help="compare again with the authors' run already recorded in the "
+                                                        "working folder with the same settings (after a change to fedrepro)")
+    p.add_argument("--save", metavar="DIR", help="write the golden record of this comparison there (e.g. "
+                                                 "tests/data/parity/<paper>)")
+    p.add_argument("--config", default="config/config.yaml", help="the configuration whose paper run is compared")
+    p.set_defaults(fn=cmd_parity)
 
     p = sub.add_parser("downstream", help="evaluate a pre-trained checkpoint on a downstream task")
     p.add_argument("--job", required=True, help="resolved downstream job config as JSON")

@@ -31,6 +31,9 @@ never overwrite each other either, and runs at the authors' numerics keep the pa
     results/extensions/<name>/{tables,scorecards,evidence}/...   an extension's reports (same runs; docs/plugins.md)
     results/report.html                                   the report: what is built, per paper
     logs/<rule>/<job>.log                                 a job's log: every attempt (+ .<job>.log.attempts)
+    results/parity/<paper>/                               a whole-run parity comparison's fixture, the authors' record
+                                                          and the replayed run (fedrepro parity; docs/parity.md)
+    tests/data/parity/<paper>/                            its golden record, which CI replays without the authors' code
 """
 
 from __future__ import annotations
@@ -186,6 +189,16 @@ def report_dir() -> str:
 def extension_dir(name: str) -> str:
     """Where an extension's tables, scorecards and evidence page go (``extension.name`` of the configuration)."""
     return f"{results_dir()}/extensions/{name}"
+
+
+def parity_work(paper: str) -> str:
+    """Where ``fedrepro parity <paper>`` builds its fixture, records the authors' run and replays ours."""
+    return f"{results_dir()}/parity/{paper}"
+
+
+def parity_record(paper: str) -> str:
+    """A paper's committed golden parity record (what CI replays fedrepro against)."""
+    return f"tests/data/parity/{paper}"
 
 
 def run_dir(key: RunKey) -> str:

@@ -17,6 +17,7 @@ Outputs (each written atomically):
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import shutil
 import time
@@ -31,7 +32,7 @@ from .cost.memory import check_fits, clients_of_file
 from .cost.memory import estimate as estimate_memory
 from .data.decode import spec_of
 from .data.image_cache import ImageCache
-from .data.loader import loader_pool, resolve_workers
+from .data.loader import ItemState, loader_pool, resolve_workers
 from .data.manifest import read_manifest
 from .data.partition import Split, read_split_file, task_classes
 from .device import Compute, resolve_device
@@ -46,6 +47,7 @@ from .fl.federation import (
     target_is_test,
 )
 from .fl.method import MethodContext
+from .fl.replay import Replay, ReplayError
 from .fl.selection import (
     TEST_RULES,
     ForbiddenTestUse,
@@ -225,10 +227,57 @@ def client_state_summary(method) -> dict:
                        for name, store in stores.items() if len(store)}}
 
 
+def read_replay(spec: dict, fed) -> Replay:
+    """The replay a run config's ``replay`` block names (:mod:`fedrepro.fl.replay`, docs/parity.md): the initial
+    model file (``initial_model``, a state dict in the authors' ``layout``) and a record folder (``record``:
+    ``passes.json``, every pass as batches of [manifest path, row of states.npz, ...] per client, and ``states.npz``, the
+    random states of python / numpy / torch's CPU generator each item's transform started from)."""
+    replay = Replay(layout=spec.get("layout"), source=str(spec.get("record") or spec.get("initial_model")))
+    if spec.get("initial_model"):
+        path = Path(spec["initial_model"])
+        if not path.is_file():
+            raise FileNotFoundError(f"replay.initial_model: {path} not found (a state dict saved by the authors' code; "
+                                    f"`fedrepro parity` writes one)")
+        replay.initial_state = torch.load(path, map_location="cpu", weights_only=True)
+    if spec.get("record"):
+        folder = Path(spec["record"])
+        for name in ("passes.json", "states.npz"):
+            if not (folder / name).is_file():
+                raise FileNotFoundError(f"replay.record: {folder / name} not found (a record folder holds passes.json "
+                                        f"and states.npz; `fedrepro parity ... --save DIR` writes one)")
+        passes = json.loads((folder / "passes.json").read_text())["passes"]
+        with np.load(folder / "states.npz") as data:
+            states = {k: data[k] for k in data.files}
+        for entry in passes:
+            client = fed.clients[entry["client"]]
+            position = {p: i for i, p in enumerate(getattr(client.train, "paths", []))}
+            plan = []
+            for batch in entry["batches"]:
+                unknown = [item[0] for item in batch if item[0] not in position]
+                if unknown:
+                    raise ReplayError(f"{folder / 'passes.json'}: {entry['purpose']} {entry['keys']} names images that "
+                                      f"are not client {client.name}'s training images, e.g. {unknown[:3]}: the record "
+                                      f"belongs to another split")
+                plan.append([(position[item[0]], recorded_state(states, item[1])) for item in batch])
+            replay.passes[(entry["purpose"], *entry["keys"])] = plan
+    return replay
+
+
+def recorded_state(states: dict, row: int) -> ItemState:
+    """Row ``row`` of a record's states.npz as the generators' own state objects."""
+    gauss = float(states["py_gauss"][row])
+    return ItemState(
+        python=(3, tuple(int(v) for v in states["py"][row]), None if np.isnan(gauss) else gauss),
+        numpy=("MT19937", states["np_keys"][row].astype(np.uint32), int(states["np_pos"][row]),
+               int(states["np_has_gauss"][row]), float(states["np_gauss"][row])),
+        torch=states["torch"][row].astype(np.uint8).tobytes())
+
+
 def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: logging.Logger | None = None,
-              checkpoint_every: float = 0.0) -> dict:
-    """``checkpoint_every``: seconds between two writes of ``resume.pt`` (0: after every round;
-    :func:`fedrepro.fl.engine.run_rounds`); the ``train`` command's default is a minute."""
+              checkpoint_every: float = 0.0, *, observe=None) -> dict:
+    """Train one run and write its outputs. ``checkpoint_every``: seconds between two writes of ``resume.pt`` (0: after
+    every round; :func:`fedrepro.fl.engine.run_rounds`); the ``train`` command's default is a minute. ``observe``:
+    called after every round (``fl.engine.run_rounds``)."""
     log = log or logging.getLogger("fedrepro.train")
     out_dir, checkpoint_dir = Path(out_dir), Path(checkpoint_dir)
     started, startup = time.time(), process_age()      # what the process spent before this (interpreter, imports)
@@ -265,13 +314,14 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
         test_data = describe_test_use(run, algorithm.reads_target(run["algorithm"]["params"]), Split.from_json(split_file))
         fed, hashes = load_federation(run, split_file)
         hashes["weights"] = weights
+        replay = read_replay(run["replay"], fed) if run.get("replay") else None
     ctx = MethodContext(run=run, federation=fed, device=device, comm=CommLedger(), log=log, state_dir=states,
-                        phases=phases)
+                        phases=phases, replay=replay)
     method = algorithm(ctx)
     resume = checkpoint_dir / "resume.pt"
     with loader_pool(federation_datasets(fed), workers if run["input"] != "features" else 0,
                      pin_memory=device.type == "cuda"):
-        result = run_rounds(method, fed, run, resume, log, checkpoint_every)
+        result = run_rounds(method, fed, run, resume, log, checkpoint_every, observe=observe)
 
     with phases("outputs"):
         summary = summarise(result.history, run, len(method.participants())) | {"test_data": test_data}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -30,12 +31,33 @@ from ..seeding import kept_rng_state
 _POOL: "LoaderPool | None" = None
 
 
-def seed_item(seed: int) -> None:
-    """Seed the RNGs an item's transform draws from: python, numpy and torch's CPU generator.
+@dataclass(frozen=True)
+class ItemState:
+    """The random states a recorded run's item transform started from (python's, numpy's and torch's CPU
+    generator, as ``random.getstate()``, ``np.random.get_state()`` and ``torch.get_rng_state()`` give them): a
+    replay (``run["replay"]``, :mod:`fedrepro.fl.replay`) loads the item under them instead of under a seed, and so
+    draws the augmentation the recorded run drew, provided its transform draws the same numbers in the same order."""
+
+    python: tuple
+    numpy: tuple
+    torch: bytes
+
+    def apply(self) -> None:
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        torch.default_generator.set_state(torch.frombuffer(bytearray(self.torch), dtype=torch.uint8))
+
+
+def seed_item(seed: int | ItemState) -> None:
+    """Seed the RNGs an item's transform draws from: python, numpy and torch's CPU generator (or set them to a
+    recorded :class:`ItemState`).
 
     Only the CPU generator: transforms run on the CPU, and ``torch.manual_seed`` would also seed every
     accelerator, which before CUDA is initialised (CPU jobs, loader workers) records a formatted stack
     trace on every call - about 1 ms an item, half the loading time of small images."""
+    if isinstance(seed, ItemState):
+        seed.apply()
+        return
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.default_generator.manual_seed(seed)
@@ -279,6 +301,20 @@ def batches(dataset, batch_size: int, *, shuffle: bool, generator: torch.Generat
     seeds = torch.randint(0, 2**62, (n,), generator=generator).tolist() if generator is not None else [0] * n
     groups = [[(int(order[j]), seeds[j]) for j in range(start, min(start + batch_size, stop))]
               for start in range(0, stop, batch_size)]
+    yield from load_groups(dataset, groups, num_workers)
+
+
+def replayed_batches(dataset, plan: list[list[tuple[int, ItemState]]], num_workers: int = 0) -> Iterator[dict]:
+    """The mini-batches a recorded run drew (``plan``: per batch, its items' positions in ``dataset`` and the random
+    states each item's transform started from), loaded as :func:`batches` loads its own."""
+    if isinstance(dataset, FeatureSet):
+        raise ValueError("a recorded pass replays image items; this dataset holds cached features")
+    yield from load_groups(dataset, plan, resolve_workers(num_workers) if isinstance(num_workers, str) else num_workers)
+
+
+def load_groups(dataset, groups: list[list[tuple[int, int | ItemState]]], num_workers: int) -> Iterator[dict]:
+    """Collated batches of ``(position, seed or recorded state)`` groups: from the job's loader pool when it holds
+    ``dataset``, a one-off loader with ``num_workers``, or this process."""
     pool = active_pool()
     if pool is not None and pool.knows(dataset):
         yield from pool.iterate(dataset, groups)

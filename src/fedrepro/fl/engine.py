@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -39,10 +40,13 @@ class RunResult:
 
 
 def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: Path,
-               log: logging.Logger | None = None, checkpoint_every: float = 0.0) -> RunResult:
+               log: logging.Logger | None = None, checkpoint_every: float = 0.0, *,
+               observe: Callable | None = None) -> RunResult:
     """``checkpoint_every``: seconds of work a kill may cost at most; ``resume.pt`` is written after a round once that
     long has passed since the last write, and after the last round (0: after every round). Resuming gives the same
-    numbers from any round, so the cadence trades only repeated work against the time of writing the state."""
+    numbers from any round, so the cadence trades only repeated work against the time of writing the state.
+    ``observe(rnd, updates, row, method)``, if given, is called after every round with the clients' updates and
+    the round's history row (a parity comparison reads them; ``fedrepro.parity``)."""
     log = log or logging.getLogger("fedrepro.train")
     train = run["train"]
     rounds, eval_every, seed = train["rounds"], train["eval_every"], run["seed"]
@@ -104,6 +108,8 @@ def run_rounds(method: FederatedMethod, fed: Federation, run: dict, checkpoint: 
             row.update(metrics)
             tracker.update(rnd + 1, metrics, preds)
         history.append(row)
+        if observe is not None:
+            observe(rnd, updates, row, method)
         log.info("[%s] round %d/%d  loss %.4f  global acc %s  val acc %s  %.1fs/round  %.2f MB sent",
                  tag, rnd + 1, rounds, row["loss"], _fmt(row.get("global/acc")), _fmt(row.get("val_mean/acc")),
                  train_s, (row["down_bytes"] + row["up_bytes"]) / 1e6)

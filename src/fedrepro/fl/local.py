@@ -6,19 +6,23 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..data.loader import batches
+from ..data.loader import batches, replayed_batches
 from ..seeding import torch_generator
 
 
-def local_batches(dataset, train: dict, seed: int, rnd: int, client: int) -> Iterator[dict]:
+def local_batches(dataset, train: dict, seed: int, rnd: int, client: int, plan: list | None = None) -> Iterator[dict]:
     """One round of local work: ``local.epochs`` passes, or exactly ``local.steps`` mini-batches drawn
     from an endlessly reshuffled loader (the authors' 'infinite loader' for BT). Each pass has its own
     shuffling stream keyed by (seed, round, client, pass), so a resumed run sees the same batches.
-    ``local.sampler: class_balanced`` draws each pass with replacement, weight 1 / class count."""
+    ``local.sampler: class_balanced`` draws each pass with replacement, weight 1 / class count.
+    ``plan``: the batches a recorded run drew this round (a replay, :mod:`fedrepro.fl.replay`), taken instead."""
     local = train["local"]
     size, drop_last = train["batch_size"], local.get("drop_last", False)
     workers = train.get("num_workers", 0)
     sampler = local.get("sampler", "shuffle")
+    if plan is not None:
+        yield from replayed_batches(dataset, plan, workers)
+        return
 
     def one_pass(p: int) -> Iterator[dict]:
         return batches(dataset, size, shuffle=True, generator=torch_generator(seed, "shuffle", rnd, client, p),

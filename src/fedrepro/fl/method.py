@@ -37,6 +37,7 @@ from .comm import CommLedger
 from .evaluation import evaluate
 from .federation import ClientData, Federation
 from .local import local_batches, make_optimizer, optimizer_factor
+from .replay import Plan, Replay
 
 
 @dataclass
@@ -56,6 +57,7 @@ class MethodContext:
     log: logging.Logger
     state_dir: Path | None = None   # where per-client state may be kept between turns (paths.client_states)
     phases: Phases = field(default_factory=Phases)   # where the job's time goes (a method times its own extra passes)
+    replay: Replay | None = None    # a recorded run's initial model and data passes (run["replay"]; fl/replay.py)
 
     @property
     def seed(self) -> int:
@@ -108,6 +110,11 @@ class FederatedMethod(ABC):
         longer names are deleted."""
         for store in self.stores.values():
             store.committed()
+
+    def recorded_pass(self, purpose: str, *keys: int) -> Plan | None:
+        """The batches a replayed run takes for one data pass (``purpose`` and its keys, e.g. ``local``, round,
+        client), or None: no replay, or one whose record holds no pass of this purpose (:mod:`fedrepro.fl.replay`)."""
+        return self.ctx.replay.plan(purpose, *keys) if self.ctx.replay is not None else None
 
     def autocast(self):
         """The context every forward pass of this method's training and evaluation runs in."""
@@ -226,6 +233,10 @@ class ModelAveraging(FederatedMethod):
                                                 self.fed.extras).to(self.device)
         seed_global(self.ctx.seed, "init")
         self.server: nn.Module = self.build_model().to(self.device)
+        replay = self.ctx.replay
+        if replay is not None and replay.initial_state is not None:      # a replay starts where the recorded run did
+            own = self.server.state_dict()
+            self.server.load_state_dict(self.family.authors_state(replay.initial_state, replay.layout, own))
         self.compute = self.compute.with_model(train.get("channels_last", "auto"), self.server)
         self.compute.prepare(self.server)
         self.compute.round_weights(self.server)       # fp16_weights: the model starts in fp16, as clip.load gives it
@@ -330,13 +341,16 @@ class ModelAveraging(FederatedMethod):
         if scaler is not None and client.name in self.scalers:
             scaler.load_state_dict(self.scalers[client.name])
         self.before_local_training(client, rnd)
-        losses = []
-        for batch in local_batches(client.train, train, self.ctx.seed, rnd, client.index):
+        losses, terms = [], {}
+        plan = self.recorded_pass("local", rnd, client.index)
+        for batch in local_batches(client.train, train, self.ctx.seed, rnd, client.index, plan):
             batch = self.to_device(batch)
             with self.autocast():
-                loss, _ = self.local_loss(model, batch, client, rnd)
+                loss, out = self.local_loss(model, batch, client, rnd)
             backward_step(loss, optimizer, scaler)
             losses.append(loss.detach())
+            for name, value in out.extra.get("terms", {}).items():
+                terms.setdefault(name, []).append(value.detach())
         self.after_local_training(client, rnd)
         state = model.state_dict()
         private_keys = [k for k in state if k not in set(self.shared)]
@@ -353,7 +367,10 @@ class ModelAveraging(FederatedMethod):
             client=client.name,
             payload={k: state[k].detach().clone() for k in self.shared},
             num_examples=len(client.train),
-            stats={"loss": float(torch.stack(losses).mean()) if losses else float("nan"), "steps": len(losses)},
+            stats={"loss": float(torch.stack(losses).mean()) if losses else float("nan"), "steps": len(losses),
+                   # every step's loss and the terms it is made of (``Output.extra["terms"]``), for comparisons
+                   "step_losses": torch.stack(losses).tolist() if losses else [],
+                   "step_terms": {name: torch.stack(values).tolist() for name, values in terms.items()}},
         )
 
     def aggregate(self, updates: list[ClientUpdate], rnd: int) -> None:

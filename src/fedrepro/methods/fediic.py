@@ -95,6 +95,52 @@ def inter_client_contrastive(z: torch.Tensor, labels: torch.Tensor, prototypes: 
     return F.cross_entropy(z @ prototypes.t() / tau, labels, reduction=reduction)
 
 
+@full_precision
+def contrastive_as_code(z: torch.Tensor, labels: torch.Tensor, prior: torch.Tensor, prototypes: torch.Tensor,
+                        t: float = 0.5, tau: float = 1.0, floor: float = 0.07,
+                        inter_tau: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L_intra, L_inter) of a two-view batch (``z``: both views' normalised embeddings, view-major, 2B x D) in the
+    authors' own steps (wnn2000/FedIIC ``utils/local_training.py::train_FedIIC`` and ``utils/losses.py::IntraSCL``,
+    ``InterSCL``): the embeddings regrouped B x 2 x D, each loss reading its own copy of them view-major; the
+    inter-client logits taken against the anchors and the prototypes together, the anchor block masked out, shifted by
+    a row maximum that is each anchor's self-similarity; both means over the 2 x B anchors, mean reduction only.
+    The same numbers as :func:`intra_client_contrastive` and :func:`inter_client_contrastive` up to rounding; with
+    these steps the gradients reach ``z`` summed in the code's order too (``train.arithmetic: authors``)."""
+    n = len(z)
+    b = n // 2
+    first, second = torch.split(z, [b, b], dim=0)
+    grouped = torch.cat([first.unsqueeze(1), second.unsqueeze(1)], dim=1)           # B x 2 x D
+    anchor_labels = labels[:b].reshape(-1, 1).repeat(2, 1)
+    rows = torch.arange(n, device=z.device).view(-1, 1)
+
+    # inter-client: the anchors' logits against [anchors; prototypes], only the prototype columns kept
+    everyone = torch.cat([anchor_labels, torch.arange(len(prototypes), device=z.device).view(-1, 1)], dim=0)
+    positive = torch.eq(anchor_labels, everyone.T).float()
+    kept = torch.scatter(torch.ones_like(positive), 1, rows, 0)
+    kept[:n, :n] = 0
+    positive = positive * kept
+    features = torch.cat([torch.cat(torch.unbind(grouped, dim=1), dim=0), prototypes], dim=0)
+    inter = _mean_positive_log_prob(torch.div(features[:n].mm(features.T), inter_tau), kept, positive, b)
+
+    # intra-client: pairwise temperatures from the class priors
+    positive = torch.eq(anchor_labels, anchor_labels.T).float()
+    kept = torch.scatter(torch.ones_like(positive), 1, rows, 0)
+    positive = positive * kept
+    anchors = torch.cat(torch.unbind(grouped, dim=1), dim=0)
+    sample_prior = prior.gather(0, anchor_labels.view(-1)).view(-1, 1)
+    temperature = torch.clamp(sample_prior.mm(sample_prior.T) ** t * tau, min=floor)
+    intra = _mean_positive_log_prob(torch.div(anchors.mm(anchors.T), temperature), kept, positive, b)
+    return intra, inter
+
+
+def _mean_positive_log_prob(logits: torch.Tensor, kept: torch.Tensor, positive: torch.Tensor, b: int) -> torch.Tensor:
+    """-mean over anchors of the mean log-probability of their positives, the code's way (shift by the row maximum,
+    the kept entries' exponentials summed, the mean taken over the 2 x B grid)."""
+    logits = logits - torch.max(logits, dim=1, keepdim=True)[0].detach()
+    log_prob = logits - torch.log((torch.exp(logits) * kept).sum(1, keepdim=True))
+    return (-1 * ((positive * log_prob).sum(1) / positive.sum(1))).view(2, b).mean()
+
+
 def orthogonalize_prototypes(initial: torch.Tensor, steps: int = 1000, lr: float = 0.1,
                              zero_diagonal: bool = True) -> torch.Tensor:
     """Eq. 5 by SGD on a copy of ``initial`` (L x D); returns the row-normalised result.
@@ -136,6 +182,22 @@ def class_loss_sums(logits: torch.Tensor, labels: torch.Tensor, num_classes: int
     return sums, counts
 
 
+def fedavg_as_code(states: list[dict[str, torch.Tensor]], sizes: list[int]) -> dict[str, torch.Tensor]:
+    """FedAvg weighted by client size in the authors' steps (wnn2000/FedIIC ``utils/FedAvg.py``): per entry, in the
+    entry's own dtype, n_0 w_0 + n_1 w_1 + ... accumulated in client order, then divided by sum(n); an integer
+    entry (a BatchNorm step counter) comes out of the division as a float, which loading into the model truncates.
+    fedrepro's :func:`~fedrepro.fl.method.weighted_average` sums normalised weights in float64: the same mean,
+    rounded otherwise (``train.arithmetic: authors`` takes these steps)."""
+    total = sum(sizes)
+    averaged = {}
+    for key, first in states[0].items():
+        accumulated = first * sizes[0]
+        for state, size in zip(states[1:], sizes[1:]):
+            accumulated += state[key] * size
+        averaged[key] = (accumulated / total).to(first.dtype)
+    return averaged
+
+
 def mean_class_loss(sums: list[torch.Tensor], counts: list[torch.Tensor], eps: float = 1e-5) -> torch.Tensor:
     """lbar(y) = sum_k l_k(y) / (eps + sum_k n_k(y)) over the clients' uploads (each client's sums
     divided first, then added, as the code)."""
@@ -159,6 +221,11 @@ class FedIIC(ModelAveraging):
                 raise ValueError(f"FedIIC with k1={p['k1']}, k2={p['k2']} contrasts two views per image: set "
                                  f"train.model.views: 2 (family proj_classifier) for method {self.ctx.run['method']!r}")
         head_of(self.server)
+        # the authors' steps (train.arithmetic: authors) for what their code computes: FedAvg by client size, both
+        # contrastive losses, mean reduction (the Table 2 and 3 variants that switch a term off or sum ran code that
+        # was not published)
+        self.authors_steps = self.ctx.train.get("arithmetic") == "authors"
+        self.as_code = self.authors_steps and p["k1"] > 0 and p["k2"] > 0 and p["reduction"] == "mean"
         self.counts = {c.name: class_counts(c.train, self.fed.num_classes) for c in self.fed.clients}
         self.current: dict = {}
 
@@ -195,13 +262,22 @@ class FedIIC(ModelAveraging):
     def client_class_losses(self, client, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys = (client.index,) if self.params["difficulty_augment"] == "fixed" else (rnd, client.index)
         logits, labels = [], []
+        plan = self.recorded_pass("fediic-difficulty", *keys)      # a replay: the recorded run's images
         with fixed_randomness(self.ctx.seed, "augment", "fediic-difficulty", *keys):
-            for out, batch in outputs_over(self.family, self.server, client.train, self.ctx.train, self.compute):
+            for out, batch in outputs_over(self.family, self.server, client.train, self.ctx.train, self.compute,
+                                           plan=plan):
                 logits.append(out.logits)
                 labels.append(batch["y"])
         if not logits:
             return (torch.zeros(self.fed.num_classes, device=self.device),) * 2
         return class_loss_sums(torch.cat(logits), torch.cat(labels), self.fed.num_classes)
+
+    def aggregate(self, updates, rnd):
+        if not self.authors_steps or self.ctx.train["aggregation"]["weights"] != "train_size":
+            return super().aggregate(updates, rnd)
+        averaged = fedavg_as_code([u.payload for u in updates], [u.num_examples for u in updates])
+        self.server.load_state_dict(averaged, strict=False)
+        self.compute.round_weights(self.server)
 
     # ---- client side ----------------------------------------------------------------------
     def local_update(self, client, message, rnd):
@@ -214,7 +290,10 @@ class FedIIC(ModelAveraging):
             "adjustment": dala_adjustment(prior, class_loss, self.params["q"], self.params["dala_eps"])
             if class_loss is not None else None,
         }
-        return super().local_update(client, message, rnd)
+        update = super().local_update(client, message, rnd)
+        # what the server sent besides the model, for comparisons with the authors' run (fedrepro.parity)
+        update.stats["received"] = {"class_loss": class_loss, "prototypes": self.current["prototypes"]}
+        return update
 
     def local_loss(self, model, batch, client, rnd):
         p, cur = self.params, self.current
@@ -224,12 +303,22 @@ class FedIIC(ModelAveraging):
             loss = logit_adjusted_cross_entropy(out.logits, y, cur["adjustment"])
         else:
             loss = cross_entropy_over(out.objective)
-        if self.contrastive:
+        terms = {"ce": loss}
+        if self.as_code:
+            z = F.normalize(self.family.project(model, out), dim=1)
+            terms["intra"], terms["inter"] = contrastive_as_code(
+                z, self.family.view_labels(out, y), cur["prior"], cur["prototypes"], p["t"], p["intra_tau"],
+                p["intra_tau_floor"], p["inter_tau"])
+            loss = loss + p["k1"] * terms["intra"] + p["k2"] * terms["inter"]
+        elif self.contrastive:
             z = F.normalize(self.family.project(model, out), dim=1)
             labels = self.family.view_labels(out, y)
             if p["k1"] > 0:
-                loss = loss + p["k1"] * intra_client_contrastive(z, labels, cur["prior"], p["t"], p["intra_tau"],
-                                                                 p["intra_tau_floor"], p["reduction"])
+                terms["intra"] = intra_client_contrastive(z, labels, cur["prior"], p["t"], p["intra_tau"],
+                                                          p["intra_tau_floor"], p["reduction"])
+                loss = loss + p["k1"] * terms["intra"]
             if p["k2"] > 0:
-                loss = loss + p["k2"] * inter_client_contrastive(z, labels, cur["prototypes"], p["inter_tau"], p["reduction"])
+                terms["inter"] = inter_client_contrastive(z, labels, cur["prototypes"], p["inter_tau"], p["reduction"])
+                loss = loss + p["k2"] * terms["inter"]
+        out.extra["terms"] = terms        # each term unweighted, as the authors' code logs them
         return loss, out

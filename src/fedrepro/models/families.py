@@ -69,6 +69,19 @@ class ModelFamily:
     def eval_transform(self):
         return None
 
+    # the authors' layouts this family can start from (``run["replay"]["layout"]``): name -> what it is
+    authors_layouts: dict[str, str] = {}
+
+    def authors_state(self, state: dict, layout: str | None, own: dict) -> dict:
+        """A whole model saved by the authors' code (``state``, in their key ``layout``) under this family's keys
+        (``own``: the built model's state dict, whose every key must be matched with its shape), for a replay
+        (:mod:`fedrepro.fl.replay`). Families that know an authors' layout override this."""
+        if layout not in self.authors_layouts:
+            known = ", ".join(self.authors_layouts) or "none"
+            raise ValueError(f"model family {type(self).__name__} cannot start from the authors' layout {layout!r} "
+                             f"(it knows: {known})")
+        raise NotImplementedError
+
     def to(self, device) -> "ModelFamily":
         """Move tensors the family holds (e.g. frozen text features) to ``device``."""
         return self

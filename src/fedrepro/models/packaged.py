@@ -54,3 +54,34 @@ def convert_efficientnet_pytorch(state: dict, target: dict, source: str = "check
             raise ValueError(f"{source}: tensor {src_key} {tuple(value.shape)} does not fit {dst_key} {tuple(ref.shape)}")
         converted[dst_key] = value
     return converted
+
+
+# timm's EfficientNet block parts -> efficientnet_pytorch's (lukemelas/EfficientNet-PyTorch ``model.py::MBConvBlock``):
+# a block without expansion (timm's DepthwiseSeparableConv) and an inverted residual one
+_DS_PARTS = {"conv_dw": "_depthwise_conv", "bn1": "_bn1", "se.conv_reduce": "_se_reduce", "se.conv_expand": "_se_expand",
+             "conv_pw": "_project_conv", "bn2": "_bn2"}
+_IR_PARTS = {"conv_pw": "_expand_conv", "bn1": "_bn0", "conv_dw": "_depthwise_conv", "bn2": "_bn1",
+             "se.conv_reduce": "_se_reduce", "se.conv_expand": "_se_expand", "conv_pwl": "_project_conv", "bn3": "_bn2"}
+_TOP_PARTS = {"conv_stem": "_conv_stem", "bn1": "_bn0", "conv_head": "_conv_head", "bn2": "_bn1", "classifier": "_fc"}
+
+
+def efficientnet_pytorch_names(keys: list[str]) -> list[str]:
+    """A timm EfficientNet's state-dict keys (in order) -> the names ``efficientnet_pytorch`` gives the same tensors
+    (the inverse of :func:`convert_efficientnet_pytorch`): blocks numbered through all stages, each part renamed."""
+    blocks: dict[tuple[str, str], int] = {}
+    expanded = {tuple(k.split(".")[1:3]) for k in keys if k.startswith("blocks.") and ".conv_pwl." in k}
+    names = []
+    for key in keys:
+        parts = key.split(".")
+        if parts[0] != "blocks":
+            names.append(".".join([_TOP_PARTS[parts[0]], *parts[1:]]))
+            continue
+        block = blocks.setdefault((parts[1], parts[2]), len(blocks))
+        table = _IR_PARTS if (parts[1], parts[2]) in expanded else _DS_PARTS
+        inner = ".".join(parts[3:])
+        module = next((m for m in sorted(table, key=len, reverse=True) if inner.startswith(m + ".")), None)
+        if module is None:
+            raise ValueError(f"{key}: no efficientnet_pytorch counterpart (an EfficientNet built of MBConv blocks "
+                             f"only has one)")
+        names.append(f"_blocks.{block}.{table[module]}{inner[len(module):]}")
+    return names

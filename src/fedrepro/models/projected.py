@@ -77,6 +77,22 @@ def make_projector(in_dim: int, hidden: int, out: int, activation: str) -> nn.Se
     return nn.Sequential(*layers)
 
 
+def memory_efficient_swish(module: nn.Module) -> int:
+    """Replace every ``nn.SiLU`` below ``module`` with timm's ``SwishMe`` (the forward ``x * sigmoid(x)`` and the
+    backward of efficientnet_pytorch's ``utils.py::MemoryEfficientSwish``, which the FedIIC authors' B0 uses);
+    -> how many were replaced."""
+    from timm.layers.activations_me import SwishMe
+
+    replaced = 0
+    for name, child in module.named_children():
+        if isinstance(child, nn.SiLU):
+            setattr(module, name, SwishMe())
+            replaced += 1
+        else:
+            replaced += memory_efficient_swish(child)
+    return replaced
+
+
 class ProjectedClassifierNet(TimmClassifierNet):
     """Backbone g, classifier f (``head``) and projector h (``projector``)."""
 
@@ -95,6 +111,8 @@ class ProjectedClassifierFamily(TimmClassifierFamily):
         stochastic = {"drop_path_rate": cfg["drop_path_rate"]} if cfg.get("drop_path_rate") else {}
         backbone = encoders.create_timm(cfg["backbone"], num_classes=0, pretrained=cfg["pretrained"],
                                         in_chans=cfg["in_chans"], **stochastic)
+        if cfg.get("swish") == "memory_efficient":
+            memory_efficient_swish(backbone)
         if cfg.get("bn_momentum") is not None:
             for module in backbone.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -103,6 +121,26 @@ class ProjectedClassifierFamily(TimmClassifierFamily):
         features = backbone.num_features
         projector = make_projector(features, proj.get("hidden") or features, proj["out"], proj["activation"])
         return ProjectedClassifierNet(backbone, self.num_classes, self.cfg["drop_rate"], projector)
+
+    authors_layouts = {"fediic": "wnn2000/FedIIC networks/networks.py::efficientb0: efficientnet_pytorch's B0 as "
+                                 "model.*, its classifier model._fc, the projector projector.0 / projector.1"}
+
+    def authors_state(self, state: dict, layout: str | None, own: dict) -> dict:
+        if layout != "fediic":
+            return super().authors_state(state, layout, own)
+        backbone = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+        mine = {k[len("backbone."):]: v for k, v in own.items() if k.startswith("backbone.")}
+        mapped = {f"backbone.{k}": v for k, v in
+                  encoders.convert_efficientnet_pytorch(backbone, mine, "the authors' initial model").items()}
+        mapped |= {f"head.{k[len('model._fc.'):]}": v for k, v in state.items() if k.startswith("model._fc.")}
+        mapped |= {k: v for k, v in state.items() if k.startswith("projector.")}
+        missing = sorted(set(own) - set(mapped))
+        wrong = [k for k in mapped if k in own and own[k].shape != mapped[k].shape]
+        extra = sorted(set(mapped) - set(own))
+        if missing or wrong or extra:
+            raise ValueError(f"the authors' initial model ({layout} layout) does not fit this {self.cfg['backbone']} "
+                             f"model: missing {missing[:4]}, wrong shape {wrong[:4]}, unknown {extra[:4]}")
+        return mapped
 
     def forward(self, model, batch) -> Output:
         x, y = batch["x"], batch["y"]

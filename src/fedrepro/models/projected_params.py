@@ -27,6 +27,14 @@ PROJ_CLASSIFIER_PARAMS = {
         "description": "stochastic depth of the backbone (timm's drop_path_rate; efficientnet_pytorch's "
                        "drop_connect_rate, 0.2 for the FedIIC authors' EfficientNet-B0)",
     },
+    "swish": {
+        "enum": ["native", "memory_efficient"],
+        "description": "how the backbone computes its swish (SiLU) activations: native = torch's nn.SiLU (unset: the "
+                       "backbone's own); memory_efficient = timm's SwishMe, x * sigmoid(x) with the hand-written "
+                       "backward of efficientnet_pytorch's MemoryEfficientSwish, the FedIIC authors' arithmetic (their "
+                       "gradients differ from nn.SiLU's in rounding, and Adam turns a flipped sign into a whole step). "
+                       "A backbone without swish (EfficientNet-Lite's ReLU6) is unchanged.",
+    },
     "bn_momentum": {
         "oneOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 1}, {"type": "null"}],
         "default": None,

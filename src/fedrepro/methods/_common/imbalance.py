@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...data.loader import batches
+from ...data.loader import batches, replayed_batches
 from ...device import Compute, fp32, full_precision
 from ...fl.evaluation import dataset_labels
 from ...models.families import Output
@@ -54,7 +54,8 @@ def fixed_randomness(seed: int, purpose: str, *keys):
 
 @torch.no_grad()
 def outputs_over(family, model: nn.Module, dataset, train: dict, compute: Compute, batch_size: int | None = None,
-                 *, shuffle: bool = False, train_mode: bool = False) -> Iterator[tuple[Output, dict]]:
+                 *, shuffle: bool = False, train_mode: bool = False, plan: list | None = None
+                 ) -> Iterator[tuple[Output, dict]]:
     """(output, batch) for every batch of ``dataset`` (batches of ``batch_size``, default the eval batch
     size; in order, or shuffled), with the model in eval mode (``train_mode``: in train mode, BatchNorm on
     batch statistics and dropout active; the model's buffers are restored afterwards). Of a multi-view
@@ -64,14 +65,17 @@ def outputs_over(family, model: nn.Module, dataset, train: dict, compute: Comput
     Every item is loaded under its own seed (its own crop and RandAugment draw), and the seeds and the
     order come from one generator seeded from torch's global generator: call it under
     :func:`fixed_randomness` and the pass is the same for the same keys, with any number of loader
-    workers."""
+    workers. ``plan``: the batches a recorded run took for this pass (a replay, :mod:`fedrepro.fl.replay`), taken
+    instead."""
     generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,)).item()))
     was_training = model.training
     kept = {name: b.clone() for name, b in model.named_buffers()} if train_mode else None
     model.train(train_mode)
     try:
-        for batch in batches(dataset, batch_size or train["eval_batch_size"], shuffle=shuffle, generator=generator,
-                             num_workers=train.get("num_workers", 0)):
+        passes = batches(dataset, batch_size or train["eval_batch_size"], shuffle=shuffle, generator=generator,
+                         num_workers=train.get("num_workers", 0)) if plan is None else \
+            replayed_batches(dataset, plan, train.get("num_workers", 0))
+        for batch in passes:
             if batch["x"].dim() == 5:
                 batch = {**batch, "x": batch["x"][:, 0]}
             batch = compute.batch(batch)
