@@ -112,7 +112,8 @@ INTERNET = "downloads from the model hubs (no internet here)"
 SLURM_ROOT = "starts a one-node SLURM as root (installs Debian packages): tests/test_slurm.py runs it"
 
 PLUGIN = ("needs the example plug-in installed: tests/test_plugin_example.py installs it (pip install -e) into a "
-          "throw-away environment and runs its shapes data, the extended grid and one of its tables there")
+          "throw-away environment and runs its shapes data, the extended grid and one of its tables there, then "
+          "changes the plug-in's code and lists its runs with fedrepro stale and plans their rerun")
 
 AUTHORS_CODE = ("the authors' repository and their Python environment (GitHub, PyPI; not here): the golden record it "
                 "made is replayed by tests/parity/test_whole_run_golden.py")
@@ -309,6 +310,13 @@ HOW: dict[str, How] = {
     # ---- speed (issue 39)
     "fedrepro train --checkpoint-every": Instead("fedrepro train --help", "an option of the train job (its cadence "
                                                  "is tested in tests/test_engine.py)", "--checkpoint-every"),
+    # ---- a plug-in author's path (issue 45): the report page, runs made by other code
+    "snakemake --cores 1 report --configfile config/demo.yaml examples/fedrepro-fedavgm/fedavgm.yaml": Skip(PLUGIN),
+    "fedrepro stale --configfile config/demo.yaml examples/fedrepro-fedavgm/fedavgm.yaml": Skip(PLUGIN),
+    "fedrepro stale --rerun --configfile config/demo.yaml examples/fedrepro-fedavgm/fedavgm.yaml": Skip(PLUGIN),
+    "fedrepro stale <table file>": Instead("fedrepro stale results/demo/tables/clean/fediic/table1.md "
+                                           "--configfile=config/demo.yaml", "a concrete table of the demo, none of "
+                                           "whose runs the scratch copy has made", "none of its 6 run(s)"),
     # ---- numbers in the docs
     "python benchmarks/demo_numbers.py": Help("python benchmarks/demo_numbers.py", "needs a demo run's results; "
                                               "tests/test_doc_numbers.py renders its block and checks it against them"),

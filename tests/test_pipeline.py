@@ -63,6 +63,10 @@ def test_run_outputs_and_provenance(pipeline):
     assert manifest["run"]["config_hash"] and manifest["inputs"]["split_sha256"]
     assert manifest["determinism"]["deterministic"] is True
     assert "torch" in manifest["packages"] and manifest["seeds"]["run"] == 0
+    code = manifest["code"]["components"]        # which code made it: `fedrepro stale` compares it with the installed code
+    assert set(code["method"]["modules"]) == {"fedrepro.methods.fedclip", "fedrepro.fl.method"}
+    assert all(len(d) == 64 for d in code["method"]["modules"].values()) and "plugin" not in code["method"]
+    assert manifest["code"]["fedrepro"]["version"]
     history = pd.read_csv(run / "history.csv")
     assert list(history["round"]) == [1, 2] and (history["up_params"] > 0).all()
     assert not (work / "results/checkpoints/clean/foundation/fashion_iid/fedclip/seed0/resume.pt").exists()

@@ -7,7 +7,9 @@ environment of its own, its own tests run there, then the demo grid's FedIIC twi
 - with the extension only the new runs train (FedAvgM beside FedAvg, and every row on the folder dataset);
 - its tables hold the FedAvgM row with real numbers and, for the FedAvg row, the very numbers of the papers' table;
   the scorecard and evidence page list it, the published column stays empty; the run manifest names the plug-in;
-- without the extension again, nothing is to be done: no run, table or scorecard of the papers' changed.
+- without the extension again, nothing is to be done: no run, table or scorecard of the papers' changed, not even
+  once the plug-in's code has changed; `fedrepro stale` then lists exactly the plug-in's runs as made by other code,
+  and the command it prints (planned with -n) trains exactly those again.
 
 The shared environment is left as it was: the package goes into a throw-away venv that sees the shared one's
 packages through a .pth file. About four minutes on two CPU cores (9 training runs of 2 rounds).
@@ -86,8 +88,10 @@ def example(tmp_path_factory, demo_raw):
         env["FEDREPRO_FORKSERVER"] = str(sock)
         papers = snakemake(python, work, env, "--configfile=config/tiny.yaml", "all")
         assert papers.returncode == 0, papers.stderr[-4000:]
-        # installed after the server started: its children must find it all the same
-        install = subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", str(EXAMPLE), "--no-deps",
+        # installed after the server started: its children must find it all the same (a copy: its code is edited)
+        package = base / "fedrepro-fedavgm"
+        shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build"))
+        install = subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", str(package), "--no-deps",
                                   "--no-build-isolation"], cwd=base, env=env, capture_output=True, text=True)
         assert install.returncode == 0, install.stderr[-3000:]
         own_tests = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE / "tests")],
@@ -98,8 +102,16 @@ def example(tmp_path_factory, demo_raw):
         plan = snakemake(python, work, env, "-n", "--configfile", "config/tiny.yaml", "fedavgm.yaml", "--", "all")
         extended = snakemake(python, work, env, "--configfile", "config/tiny.yaml", "fedavgm.yaml", "--", "all")
         assert extended.returncode == 0, extended.stderr[-4000:]
+        source = package / "src/fedrepro_fedavgm/fedavgm.py"        # the author changes the method's code
+        source.write_text(source.read_text().replace("out[key] = global_state[key] - lr * velocity[key]",
+                                                     "out[key] = global_state[key] - lr * velocity[key]\n        out[key] += 0"))
         again = snakemake(python, work, env, "-n", "--configfile=config/tiny.yaml", "all")
-        yield {"work": work, "papers": papers, "own_tests": own_tests, "plan": plan, "extended": extended, "again": again}
+        stale = subprocess.run([str(base / "venv/bin/fedrepro"), "stale", "--configfile", "config/tiny.yaml",
+                                "fedavgm.yaml"], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        command = re.search(r"rerun them \(and what is made from them\): snakemake (.*)", stale.stdout)
+        rerun = snakemake(python, work, env, "-n", *command.group(1).split()) if command else None
+        yield {"work": work, "papers": papers, "own_tests": own_tests, "plan": plan, "extended": extended, "again": again,
+               "stale": stale, "rerun": rerun}
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -156,9 +168,24 @@ def test_the_scorecard_and_the_evidence_page_include_it(example):
     assert manifest["plugins"]["method"] == {"name": "fedavgm", "plugin": "fedrepro_fedavgm", "version": "0.1.0",
                                              "found": "entry point fedavgm = fedrepro_fedavgm of fedrepro-fedavgm 0.1.0"}
     assert manifest["plugins"]["dataset"]["plugin"] == "config"
+    code = manifest["code"]["components"]["method"]      # which code made it, compared by `fedrepro stale`
+    assert (code["plugin"], code["distribution"], code["version"]) == ("fedrepro_fedavgm", "fedrepro-fedavgm", "0.1.0")
+    assert set(code["modules"]) == {"fedrepro_fedavgm.fedavgm", "fedrepro.fl.method"}
 
 
 def test_without_the_extension_nothing_is_to_be_done(example):
     again = example["again"]
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_change_of_the_plugins_code_is_listed_and_reruns_exactly_its_runs(example):
+    stale = example["stale"]
+    assert stale.returncode == 0, stale.stderr[-3000:]
+    mine = {f"clean/fediic/{setting}/fedavgm/seed0" for setting in ("lt_creff", "shapes")}
+    assert "2 of them by other code than the installed one:" in stale.stdout
+    assert "  method fedavgm: fedrepro_fedavgm.fedavgm changed: 2 run(s)" in stale.stdout
+    assert set(re.findall(r"^    (\S+)$", stale.stdout, re.M)) == mine
+    rerun = example["rerun"]
+    assert rerun is not None and rerun.returncode == 0, (stale.stdout, rerun and rerun.stderr[-3000:])
+    assert trained(rerun.stdout) == {f"{RESULTS}/runs/{path}" for path in mine}

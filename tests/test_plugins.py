@@ -63,8 +63,10 @@ def plugins(monkeypatch, tmp_path):
     registry._IMPORTED.update(imported)
     registry._PLUGINS.clear()
     registry._PLUGINS.update(found)
-    for name in set(sys.modules) - modules:
-        del sys.modules[name]
+    for name in set(sys.modules) - modules:     # the plug-ins a test made (not what torch imported meanwhile)
+        where = getattr(sys.modules[name], "__file__", None)
+        if where is None or Path(where).is_relative_to(tmp_path):
+            del sys.modules[name]
     importlib.invalidate_caches()
     paths.use_results_dir("results")
 
@@ -269,6 +271,10 @@ def test_a_folder_dataset_becomes_a_setting_of_twin_tables(plugins):
     tables = proj.papers["fediic"]["tables"]
     assert set(tables) == {"table1@toy", "imbalance@toy"}
     assert {c["setting"] for c in tables["table1@toy"]["columns"]} == {"toy"} and "published" not in tables["table1@toy"]
+    # its columns and caption name the dataset it reads, not the paper's ("ISIC BACC" read lt_creff)
+    assert [c["label"] for c in tables["table1@toy"]["columns"]] == ["toy BACC", "toy F1", "toy ACC"]
+    assert tables["table1@toy"]["title"].startswith("On toy (dataset toy") and "in place of Fashion-LT" in tables["table1@toy"]["title"]
+    assert "'toy BACC', 'toy F1', 'toy ACC' in place of 'ISIC BACC', 'ISIC F1', 'ISIC ACC'" in tables["table1@toy"]["note"]
     assert tables["imbalance@toy"]["settings"] == ["toy"]
     key = proj.resolver.run_key("fediic", "toy", "fediic", 0)
     assert proj.resolver.run_config(key)["train"] == proj.resolver.run_config(
@@ -361,3 +367,285 @@ def test_a_twin_in_an_overlay_paper_gets_what_the_overlay_gives_its_baseline(plu
     setting = next(iter(proj.papers["feddra"]["settings"]))
     twin, base = (proj.resolver.run_config(proj.resolver.run_key("feddra", setting, m, 0)) for m in ("mine3_convirt", "fedmae_convirt"))
     assert twin["train"]["model"]["image"]["backbone"] == "test_vit" and twin["train"] == base["train"]
+
+
+# ---- a method checks its run, code changes are seen, cost estimates fail loudly --------------------
+
+SGD_ONLY = '''
+from fedrepro.methods.fedavg import FedAvg
+from fedrepro.registry import register_method
+
+
+@register_method("sgdonly")
+class SgdOnly(FedAvg):
+    @classmethod
+    def check_run(cls, params, train):
+        name = train["optimizer"]["name"]
+        return [] if name == "sgd" else [f"train/optimizer/name is {name!r}: its correction assumes plain SGD"]
+'''
+
+
+def config_file(folder: Path, extra: dict) -> Path:
+    """A configuration file of the test's papers and ``extra``, for the command line (after config/demo.yaml)."""
+    import yaml
+
+    path = folder / "mine.yaml"
+    path.write_text(yaml.safe_dump({**PAPERS, **extra}))
+    return path
+
+
+def test_a_method_that_cannot_run_under_its_baselines_train_block_is_refused_in_one_line(plugins, caplog):
+    from fedrepro.cli import main
+
+    distribution(plugins / "site", "fedrepro-sgd", "sgd_plugin", SGD_ONLY)
+    with pytest.raises(ConfigError) as refused:
+        project(extension(sgdonly={"papers": ["fediic"]}))
+    message = str(refused.value)
+    assert "\n" not in message, message          # the demo's 3 seeds and both protocols: one line
+    assert message.startswith("config: extension/methods/sgdonly (as fediic's fedavg, whose train block it runs with) "
+                              "on settings lt_creff (clean): method sgdonly (plug-in 'sgd_plugin'")
+    assert message.endswith("train/optimizer/name is 'adam': its correction assumes plain SGD")
+    with pytest.raises(SystemExit):
+        main(["validate", "--configfile", str(DEMO[0]), str(config_file(plugins, extension(sgdonly={"papers": ["fediic"]})))])
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [message]
+    # the built-in methods use the same hook: FedIIC's contrastive terms need two views per image
+    train = load_project(DEMO, overrides=PAPERS, root=ROOT).resolver.train_config("fediic", "lt_creff", "fedavg", "clean")
+    assert registry.run_problems("fediic", {"k1": 1.0, "k2": 0.0}, train) == [
+        "method fediic (the built-in fedrepro.methods.fediic): train/model/views is 1, but FedIIC with k1=1.0, k2=0.0 "
+        "contrasts two views per image: set train.model.views: 2 (family proj_classifier), or k1 = k2 = 0"]
+
+
+BROKEN_LAYOUT = '''
+from fedrepro.methods.fedavg import FedAvg
+from fedrepro.registry import register_method
+
+
+@register_method("meta_broken")
+class MetaBroken(FedAvg):
+    def memory_layout(self):
+        return {"device_models": 2 + len(self.velocity), "per_client": {}, "host_extra": 0}   # setup() makes velocity
+'''
+
+
+def test_a_broken_memory_layout_is_named_by_validate_and_nothing_wrong_is_cached(plugins, monkeypatch):
+    from fedrepro.cli import plugin_memory_failures
+    from fedrepro.cost import memory
+
+    profiles = plugins / "profiles"
+    monkeypatch.setattr(paths, "model_profile", lambda key: str(profiles / f"{key}.json"))
+    folder = distribution(plugins / "site", "fedrepro-meta", "meta_plugin", BROKEN_LAYOUT)
+    proj = project(extension(meta_broken={"papers": ["fediic"]}))
+    [line] = plugin_memory_failures(proj)
+    assert line.startswith("warning: no memory estimate: model family 'proj_classifier' (the built-in ")
+    assert ("with method 'meta_broken' (plug-in 'meta_plugin' (entry point meta_plugin = meta_plugin of fedrepro-meta "
+            "0.1)) cannot be built on the meta device for the memory estimate: AttributeError: ") in line
+    assert "meta_plugin.py:9)" in line and "without setup()" in line and "mem_mb=32000" in line
+    assert not profiles.exists() or not list(profiles.iterdir())          # nothing of the failure is on disk
+    key = proj.resolver.run_key("fediic", "lt_creff", "meta_broken", 0)
+    failed = memory.profile_key(proj.resolver.run_config(key))
+    # the fix: a new version of the module (a new process would import it; here it is imported again)
+    (folder / "meta_plugin.py").write_text(BROKEN_LAYOUT.replace("2 + len(self.velocity)", "3"))
+    registry.METHODS.discard("meta_broken", "meta_plugin")
+    with registry._registering_as("meta_plugin"):
+        importlib.reload(sys.modules["meta_plugin"])
+    assert memory.profile_key(proj.resolver.run_config(key)) != failed        # its code is part of the key
+    assert plugin_memory_failures(proj) == []
+    [cached] = profiles.iterdir()
+    assert '"device_models": 3' in cached.read_text()
+
+
+def test_a_module_digest_sees_code_not_comments_docstrings_or_layout():
+    from fedrepro.code_identity import source_digest
+
+    code = 'def f(x):\n    """Twice x."""\n    return 2 * x   # doubled\n'
+    same = '# a module\n\ndef f(x):\n    """Two times x,\n    as the paper says."""\n    return (2\n            * x)\n'
+    assert source_digest(code) == source_digest(same)
+    assert source_digest(code) != source_digest(code.replace("2 * x", "3 * x"))
+    assert source_digest('def f():\n    """Only a docstring."""\n') == source_digest("def f():\n    pass\n")
+
+
+MINE_WITH_NOTE = METHOD_MODULE.format(name="mine", inputs=registry.INPUTS) + '''
+    @classmethod
+    def caption_note(cls, params):
+        return f"Mine uses beta {params['beta']}"
+'''
+
+
+def test_a_change_of_a_methods_code_or_version_marks_its_runs_and_a_comment_does_not(plugins, monkeypatch, capsys):
+    import json
+    import subprocess
+
+    from fedrepro.cli import main
+    from fedrepro.code_identity import run_code
+    from fedrepro.report.code_changes import check_code, code_note
+    from fedrepro.report.definitions import definition_hash, item_definition
+    from fedrepro.report.tables import method_notes, table_item
+
+    folder = distribution(plugins / "site", "fedrepro-mine", "mine_plugin", MINE_WITH_NOTE)
+    for shared in ("config", "workflow"):       # the command line reads them from the working folder
+        (plugins / shared).symlink_to(ROOT / shared)
+    monkeypatch.chdir(plugins)                  # and the runs written below go here
+    mine = extension(mine={"label": "Mine", "params": {"beta": 0.3}, "papers": ["fediic"]})
+    proj = project(mine)
+    keys = proj.plan.table_runs("fediic", "table1", "clean")
+    unknown = next(k for k in keys if k.method == "fediic")
+    for key in keys:            # every run made, by the code installed now; one before fedrepro recorded code
+        code = {} if key == unknown else run_code(proj.resolver.run_config(key))
+        Path(paths.run_dir(key)).mkdir(parents=True)
+        Path(paths.run_file(key, "run_manifest.json")).write_text(json.dumps({"code": code}))
+        Path(paths.run_file(key)).write_text("{}")
+
+    def table():
+        return definition_hash(item_definition(table_item(proj, "clean", "fediic", "table1")))
+
+    made, check = table(), check_code(proj, keys)
+    assert not check.changed and check.unknown == [unknown] and code_note(proj, keys) is None
+    assert method_notes(table_item(proj, "clean", "fediic", "table1")) == ["Mine uses beta 0.3."]   # said once
+    module = folder / "mine_plugin.py"
+    module.write_text("# tuned\n" + module.read_text().replace("standing for", "that stands for"))
+    assert not check_code(proj, keys).changed and table() == made        # a comment and a docstring: nothing
+    module.write_text(module.read_text() + "\n    scale = 2.0\n")
+    mine_runs = [k for k in keys if k.method == "mine"]
+    check = check_code(proj, keys)
+    assert check.changed == {k: ["method mine: mine_plugin changed"] for k in mine_runs}
+    assert table() != made                                                # the table is made again, the runs are not
+    n = len(mine_runs)
+    assert code_note(proj, keys).startswith(f"Made by other code than the installed one: Mine ({n} of {n} runs: "
+                                            f"method mine: mine_plugin changed).")
+    info = next(folder.glob("*.dist-info")) / "METADATA"
+    info.write_text(info.read_text().replace("Version: 0.1", "Version: 0.2"))
+    assert check_code(proj, keys).changed[mine_runs[0]] == ["method mine: fedrepro-mine 0.1 then, 0.2 now",
+                                                             "method mine: mine_plugin changed"]
+
+    config = config_file(plugins, mine)
+    main(["stale", "--configfile", str(DEMO[0]), str(config)])
+    out = capsys.readouterr().out
+    files = [paths.run_file(k) for k in mine_runs]
+    assert f"every output of the configuration: {len(keys)} of its {len(keys)} run(s) made, {n} of them by other code " in out
+    assert "1 run(s) record no code (made before fedrepro recorded it): unknown" in out
+    assert all(f"    {k.path}\n" in out for k in mine_runs) and unknown.path not in out
+    command = ["snakemake", "all", "--cores", "all", "--configfile", str(DEMO[0]), str(config), "--forcerun", *files]
+    assert f"rerun them (and what is made from them): {' '.join(command)}" in out
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: ran.append(argv) or subprocess.CompletedProcess(argv, 0))
+    main(["stale", "--rerun", "--configfile", str(DEMO[0]), str(config)])
+    assert ran == [[sys.executable, "-m", *command]]
+
+
+# ---- the worked stateful example of docs/plugins.md, as it is printed there --------------------------
+
+LINEAR = "doc_linear"
+DOC_PAPER = {
+    "paper": "doc", "title": "The worked example of docs/plugins.md",
+    "defaults": {"rounds": 3, "batch_size": 4, "local": {"steps": 3}, "optimizer": {"name": "sgd", "lr": 0.2},
+                 "model": {"family": LINEAR}, "aggregation": {"weights": "train_size"}, "selection": {"rule": "last"},
+                 "precision": "fp32"},
+    "settings": {"three": {"dataset": "demo_fashion", "split": {"kind": "iid", "clients": 3}}},
+    "methods": {"fedavg": {}, "scaffold": {}},
+}
+
+
+def documented_example() -> str:
+    """The Python block of docs/plugins.md that begins with ``# scaffold.py``."""
+    import re
+
+    text = (ROOT / "docs/plugins.md").read_text()
+    [code] = re.findall(r"```python\n(# scaffold\.py.*?)```", text, re.S)
+    return code
+
+
+def test_the_stateful_example_of_the_docs_runs_as_it_says(plugins):
+    """SCAFFOLD as docs/plugins.md prints it, driven through the engine: the server's c is the mean of the clients'
+    c_i after every round (full participation), the first round is FedAvg's (c = c_i = 0) and the later ones are not,
+    c travels with the model (twice FedAvg's bytes down), a resumed run ends where a whole one does, it refuses Adam,
+    and its memory layout is read without setup()."""
+    import logging
+    import types
+
+    import numpy as np
+    import torch
+    import yaml
+    from torch import nn
+
+    from fedrepro.config import Project
+    from fedrepro.data.loader import FeatureSet
+    from fedrepro.fl.comm import CommLedger
+    from fedrepro.fl.engine import run_rounds
+    from fedrepro.fl.federation import ClientData, Federation
+    from fedrepro.fl.method import MethodContext
+    from fedrepro.models.families import ModelFamily, Output, build_family
+
+    @registry.register_model(LINEAR, input="features")
+    class Linear(ModelFamily):
+        input_kind = "features"
+
+        def build(self):
+            return nn.Linear(5, self.num_classes)
+
+        def forward(self, model, batch):
+            logits = model(batch["x"])
+            return Output(logits=logits, features=batch["x"], objective=[(logits, batch["y"])])
+
+    module = types.ModuleType("scaffold_doc")           # a plug-in module: what registers it is its own
+    sys.modules["scaffold_doc"] = module
+    exec(compile(documented_example(), str(ROOT / "docs/plugins.md"), "exec"), module.__dict__)
+    (plugins / "papers").mkdir()
+    (plugins / "papers/doc.yaml").write_text(yaml.safe_dump(DOC_PAPER))
+    proj = Project({"papers": ["doc"], "paper_dir": str(plugins / "papers"), "seeds": [0]}, root=ROOT)
+
+    def federation():
+        gen = torch.Generator().manual_seed(3)
+
+        def part(n, shift):
+            y = torch.randint(0, 3, (n,), generator=gen)
+            return FeatureSet(torch.randn(n, 5, generator=gen) + shift * nn.functional.one_hot(y, 5).float(), y,
+                              np.arange(n))
+        return Federation([ClientData(f"client{k}", k, part(n, 1 + k), part(3, 1), part(3, 1))
+                           for k, n in enumerate((10, 14, 7))], part(6, 1), None, ["a", "b", "c"])
+
+    def drive(method, rounds, checkpoint, record=None):
+        train = {**proj.resolver.train_config("doc", "three", method, "clean"), "num_workers": 0, "rounds": rounds}
+        run = {"paper": "doc", "setting": "three", "method": method, "seed": 0, "protocol": "clean",
+               "algorithm": {"name": method, "params": {}}, "train": train, "config_hash": method}
+        fed = federation()
+        algorithm = registry.method_class(method)(MethodContext(run, fed, torch.device("cpu"), CommLedger(),
+                                                                logging.getLogger("test")))
+        if record is not None:
+            aggregate = algorithm.aggregate
+
+            def recording(updates, rnd):
+                aggregate(updates, rnd)
+                record.append({"c": {k: v.clone() for k, v in algorithm.c.items()},
+                               "c_i": [algorithm.controls[c.name] for c in fed.clients]})
+            algorithm.aggregate = recording
+        run_rounds(algorithm, fed, run, checkpoint)
+        return algorithm
+
+    record = []
+    scaffold = drive("scaffold", 3, plugins / "a.pt", record)
+    for entry in record:
+        for k, c in entry["c"].items():
+            assert torch.allclose(c, sum(c_i[k] for c_i in entry["c_i"]) / 3, atol=1e-6), k
+    assert any(c.abs().max() > 1e-3 for c in record[-1]["c"].values())
+    one = [drive(m, 1, plugins / f"{m}1.pt").server.state_dict() for m in ("fedavg", "scaffold")]
+    assert all(torch.allclose(one[0][k], one[1][k], atol=1e-6) for k in one[0])
+    fedavg = drive("fedavg", 3, plugins / "f.pt")
+    assert any(not torch.allclose(fedavg.server.state_dict()[k], v, atol=1e-4) for k, v in scaffold.server.state_dict().items())
+    assert scaffold.ctx.comm.round_totals(0)["down_bytes"] == 2 * fedavg.ctx.comm.round_totals(0)["down_bytes"]
+    drive("scaffold", 2, plugins / "b.pt")                        # stops after round 2 ...
+    resumed = drive("scaffold", 3, plugins / "b.pt")              # ... and goes on from its checkpoint
+    for k, v in scaffold.server.state_dict().items():
+        assert torch.allclose(resumed.server.state_dict()[k], v, atol=1e-6), k
+    assert all(torch.allclose(resumed.controls["client1"][k], scaffold.controls["client1"][k], atol=1e-6) for k in scaffold.keys)
+
+    adam = {**proj.resolver.train_config("doc", "three", "scaffold", "clean"), "optimizer": {"name": "adam", "lr": 0.1}}
+    [refused] = registry.run_problems("scaffold", {}, adam)
+    assert refused.startswith("method scaffold (plug-in 'scaffold_doc'): train/optimizer is adam (momentum 0)")
+    shell = registry.method_class("scaffold")(MethodContext({"train": adam, "algorithm": {"params": {}}, "seed": 0},
+                                                            federation(), torch.device("cpu"), CommLedger(),
+                                                            logging.getLogger("test")))
+    shell.family = build_family(adam["model"], ["a", "b", "c"], {})
+    shell.server = shell.build_model()
+    shell.shared = shell.shared_keys()
+    layout = shell.memory_layout()                               # as the memory estimate calls it: no setup()
+    assert layout["device_models"] == 3 and layout["per_client"]["controls"] == (5 * 3 + 3) * 4

@@ -184,6 +184,7 @@ def cmd_figure(args) -> None:
 
 def cmd_scorecard(args) -> None:
     from .report import scorecard
+    from .report.code_changes import code_note
     from .report.consistency import check_inputs, scorecard_inputs
     from .report.item import stand_in
 
@@ -195,8 +196,12 @@ def cmd_scorecard(args) -> None:
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
     stand_ins = [f"{project.papers[p]['title']}: {stand_in(project, p).rstrip('.')}." for p in papers if stand_in(project, p)]
+    runs = [k for protocol, paper, table in project.plan.tables() if paper in papers
+            for k in project.plan.table_runs(paper, table, protocol)]
     scorecard.write(scorecard.project_card(project, papers), title,
-                    scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), stand_ins)
+                    scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), stand_ins,
+                    code_note(project, runs, lambda k: f"{project.papers[k.paper]['methods'][k.method].get('label', k.method)} "
+                                                       f"({k.paper})"))
 
 
 def cmd_evidence(args) -> None:
@@ -281,6 +286,7 @@ def cmd_estimate(args) -> None:
     from .cost import runtime as cost
     from .cost.memory import fmt, planned
     from .cost.throughput import choose
+    from .dag.requests import FALLBACK_MEMORY
 
     project = load_project(args.configfile or None)
     authors = cost.AuthorsWay(args.authors_loader_cores, args.decode_img_s)
@@ -301,7 +307,10 @@ def cmd_estimate(args) -> None:
                               f"{args.setting} (`fedrepro estimate` without arguments lists every run)")
         est = planned(project, key, args.workers, args.device)
         print("\n".join(est.lines()))
-        print(f"request: mem_mb={est.host_mb()}" + (f" gpu_mem_mb={est.gpu_mb()}" if est.gpu else ""))
+        if "error" in est.profile:        # what the train rule asks for then (fedrepro.dag.requests)
+            print(f"request: mem_mb={FALLBACK_MEMORY['mem_mb']} (the workflow's fallback: no estimate, see the note)")
+        else:
+            print(f"request: mem_mb={est.host_mb()}" + (f" gpu_mem_mb={est.gpu_mb()}" if est.gpu else ""))
         table, why = choose(args.throughput, args.gpu)
         if table is None:
             print(f"time: cannot be given in GPU-hours: {why}")
@@ -324,6 +333,9 @@ def cmd_estimate(args) -> None:
     print(f"{'run (first seed)':<72} {'device':>6} {'host':>10} {'GPU':>10}")
     for key in seen.values():
         est = planned(project, key, args.workers, args.device)
+        if "error" in est.profile:
+            print(f"{key.path:<72} {est.device:>6} no estimate: {est.profile['error']}")
+            continue
         print(f"{key.path:<72} {est.device:>6} {fmt(est.host_bytes):>10} {fmt(est.gpu_bytes) if est.gpu else '-':>10}")
 
 
@@ -347,6 +359,56 @@ def cmd_validate(args) -> None:
         print(f"extension {project.extension.name}: its tables, scorecards and evidence go to "
               f"{paths.extension_dir(project.extension.name)}/")
         print("\n".join(project.extension.notes()))
+    for line in plugin_memory_failures(project):
+        print(line)
+
+
+def plugin_memory_failures(project) -> list[str]:
+    """The memory estimate of every run whose method or model family a plug-in registered, built now (the built-in
+    ones are the tests'; the workflow sizes every job when it plans): one warning per failure."""
+    from .cost.memory import profile_failures
+    from .dag.requests import FALLBACK_MEMORY
+    from .registry import METHODS, MODELS
+
+    def plugin_run(key) -> bool:
+        train = project.resolver.train_config(key.paper, key.setting, key.method, key.protocol)
+        variant = project.papers[key.paper]["methods"][key.method]
+        return (METHODS.get(variant.get("method", key.method)).origin is not None
+                or MODELS.get(train["model"]["family"]).origin is not None)
+
+    first = {}         # seeds share their model and method
+    for key in project.plan.runs():
+        first.setdefault((key.folder, key.paper, key.setting, key.method), key)
+    keys = [key for key in first.values() if plugin_run(key)]
+    return [f"warning: no memory estimate: {error}. Its jobs (the first: {key.path}) ask SLURM for the fallback "
+            f"mem_mb={FALLBACK_MEMORY['mem_mb']} until it is fixed" for error, key in profile_failures(project, keys).items()]
+
+
+def cmd_stale(args) -> None:
+    """The runs of a target made by other code than the installed one, and the command that reruns exactly them."""
+    import shlex
+    import subprocess
+
+    from . import dag
+    from .config import load_project
+    from .report.code_changes import check_code, listing, rerun_command
+
+    project = load_project(args.configfile or None)
+    target = dag.Dag(project).target(args.target)
+    check = check_code(project, target.runs)
+    print("\n".join(listing(check, target.what)))
+    if not check.changed:
+        return
+    command = rerun_command(project, args.target, check.changed,
+                            f"--profile {shlex.quote(args.profile)}" if args.profile else "--cores all")
+    if not args.rerun:
+        print(f"rerun them (and what is made from them): {shlex.join(command)}\n(`fedrepro stale --rerun` with the "
+              f"same arguments runs it)")
+        return
+    print(f"running: {shlex.join(command)}", flush=True)
+    code = subprocess.run([sys.executable, "-m", *command]).returncode
+    if code:
+        raise SystemExit(code)
 
 
 def attach_log(log_file: str | Path) -> None:
@@ -561,6 +623,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
     p.set_defaults(fn=cmd_estimate)
 
+    p = sub.add_parser("stale", help="the runs made by other code than the installed one (their method's or model "
+                                     "family's source, or their plug-in's version, changed), and the Snakemake command "
+                                     "that reruns exactly them")
+    p.add_argument("target", nargs="?", default="all", help="a file snakemake builds (a table, scorecard, run file) "
+                                                            "or all (default): the runs it is made from")
+    p.add_argument("--rerun", action="store_true", help="run that command (by default it is printed)")
+    p.add_argument("--profile", help="run the jobs with this Snakemake profile (e.g. slurm) instead of --cores all")
+    p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
+    p.set_defaults(fn=cmd_stale)
+
     p = sub.add_parser("validate", help="validate the configuration and count what it would build")
     p.add_argument("--configfile", nargs="*", help="config files, merged in order (default config/config.yaml)")
     p.set_defaults(fn=cmd_validate)
@@ -592,13 +664,13 @@ def run(args) -> None:
     from .data.partition import SplitError
     from .io import BrokenFile, DiskFull, StaleInput
     from .models.weights import WeightsError
-    from .registry import PluginError, UnknownName
+    from .registry import PluginError, RunRefused, UnknownName
 
     try:
         args.fn(args)
     except (ConfigError, DownloadError, CorruptImageError, ManifestError, SplitError, StaleImageCache,
             WeightsError, InsufficientMemory, FileNotFoundError, BrokenFile, DiskFull, StaleInput, ThroughputError,
-            PluginError, UnknownName) as error:
+            PluginError, RunRefused, UnknownName) as error:
         # errors the user can act on: say what and where, without a traceback
         log.error("%s", error)
         raise SystemExit(1) from None

@@ -76,12 +76,13 @@ def run_variant(run: dict, *, precision: str, dataset_options: dict, split_file:
 
 def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, timings: dict, resumed_from,
                  test_data: dict | None = None, execution: dict | None = None, variant: dict | None = None,
-                 plugins: dict | None = None) -> dict:
+                 plugins: dict | None = None, code: dict | None = None) -> dict:
     """``test_data``: what test data the run read (selection on the test set, the test set as the
     domain-adaptation target) and whether it was allowed (paper protocol, or ``allow_test_selection``).
     ``execution``: how the job computed, resolved on its hardware (precision, channels_last, loader
     workers, where per-client state was kept, the memory estimate). ``variant``: :func:`run_variant`. ``plugins``:
-    what the run uses that plug-ins registered, and their versions (:func:`fedrepro.registry.run_plugins`)."""
+    what the run uses that plug-ins registered, and their versions (:func:`fedrepro.registry.run_plugins`). ``code``:
+    which code made it (:func:`fedrepro.code_identity.run_code`; ``fedrepro stale`` compares it with the installed code)."""
     return {
         "run": {**{k: run[k] for k in ("paper", "setting", "method", "seed", "protocol")},
                 "numerics": run.get("numerics"), "config_hash": run["config_hash"]},
@@ -94,6 +95,7 @@ def run_manifest(run: dict, *, device, determinism: dict, input_hashes: dict, ti
         "git": git_state(),
         "packages": package_versions(),
         "plugins": plugins or {},
+        "code": code or {},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "host": socket.gethostname(),

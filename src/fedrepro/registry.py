@@ -344,6 +344,7 @@ def register_weight_source(kind: str) -> Callable:
 
 _PLUGINS: dict[str, str] = {}      # a plug-in's top-level module -> how it was found (for messages and manifests)
 _IMPORTED: set[str] = set()        # what load_plugins has imported (entry point values, module names)
+_DISTRIBUTIONS: dict[str, str | None] = {}   # a plug-in's top-level module -> the distribution that installs it
 _STATE: dict[str, Any] = {"entry_points": False, "datasets": None, "busy": False}
 _DECLARE: dict[str, Callable[[str], Any] | None] = {"datasets": None}   # installed by the layer that declares them
 
@@ -376,6 +377,8 @@ def load_plugins(modules=(), where: str | None = None) -> None:
 
             for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.value, e.name)):
                 dist = f" of {point.dist.name} {point.dist.version}" if point.dist is not None else ""
+                if point.dist is not None:
+                    _DISTRIBUTIONS.setdefault(point.value.split(":")[0].split(".")[0].strip(), point.dist.name)
                 fix = f"pip uninstall {point.dist.name}" if point.dist is not None else "uninstall its distribution"
                 _import_plugin(point.value, f"entry point {point.name} = {point.value}{dist}",
                                f"fix it, or uninstall it ({fix})", point.load)
@@ -434,12 +437,49 @@ def plugins_loaded() -> dict[str, dict]:
 
 def plugin_version(origin: str) -> str | None:
     """The version of the distribution that installs plug-in module ``origin`` (None: not from a distribution)."""
-    from importlib.metadata import packages_distributions, version
+    found = plugin_distribution(origin)
+    return found[1] if found else None
 
-    for dist in packages_distributions().get(origin, []):
-        with contextlib.suppress(Exception):
-            return version(dist)
-    return None
+
+def plugin_distribution(origin: str) -> tuple[str, str] | None:
+    """(name, version) of the distribution that installs plug-in module ``origin`` (None: not from a distribution):
+    the distribution of its entry point, else the one whose files hold the module (looked up once per process:
+    listing every installed distribution takes a quarter of a second); its version as installed now."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    if origin not in _DISTRIBUTIONS:
+        _DISTRIBUTIONS[origin] = next(iter(packages_distributions().get(origin, [])), None)
+    name = _DISTRIBUTIONS[origin]
+    try:
+        return (name, version(name)) if name else None
+    except PackageNotFoundError:
+        return None
+
+
+
+class RunRefused(ValueError):
+    """A run whose method or model family refuses its train block (their ``check_run``): the message says which,
+    the key and the fix."""
+
+
+def run_problems(algorithm: str, params: dict, train: dict) -> list[str]:
+    """What method ``algorithm`` (with ``params``) and the model family of ``train`` refuse in the resolved train block
+    ``train`` (:meth:`fedrepro.fl.method.FederatedMethod.check_run`, :meth:`fedrepro.models.families.ModelFamily.check_run`):
+    one line each, naming the method or family and where it comes from. A hook that fails is named with its error."""
+    found = []
+    for kind, entry, args in (("method", METHODS.get(algorithm), (params, train)),
+                              ("model family", MODELS.get(train["model"]["family"]), (train["model"], train))):
+        check = getattr(entry.obj, "check_run", None)
+        if check is None:
+            continue
+        try:
+            problems = [str(p) for p in check(*args) or []]
+        except Exception as error:  # noqa: BLE001 - a plug-in's hook that fails is reported as its own
+            frames = traceback.extract_tb(error.__traceback__)
+            at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+            problems = [f"its check_run failed: {type(error).__name__}: {error}{at}"]
+        found += [f"{kind} {entry.name} ({entry.describe()}): {problem}" for problem in problems]
+    return found
 
 
 def run_plugins(run: dict) -> dict:

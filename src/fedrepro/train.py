@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import paths
+from .code_identity import run_code
 from .cost.memory import check_fits, clients_of_file
 from .cost.memory import estimate as estimate_memory
 from .data.decode import spec_of
@@ -63,7 +64,7 @@ from .models.families import build_family
 from .models.weights import require as require_weights
 from .models.weights import weight_specs
 from .provenance import run_manifest, run_variant
-from .registry import dataset, method_class, run_plugins
+from .registry import RunRefused, dataset, method_class, run_plugins, run_problems
 from .seeding import configure_determinism
 from .timing import Phases, process_age
 
@@ -302,6 +303,10 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     compute = Compute.for_run(run["train"], device)
     run = {**run, "train": {**run["train"], "num_workers": workers, "precision": compute.precision}}
     with phases("inputs"):
+        refused = run_problems(run["algorithm"]["name"], run["algorithm"]["params"], run["train"])
+        if refused:         # validated before the workflow starts; a run handed to the job by hand is checked here
+            raise RunRefused(f"{run['paper']}/{run['setting']}/{run['method']} (protocol {run['protocol']}): "
+                             + "; ".join(refused))
         weights = require_weights(weight_specs(run["train"]["model"]))   # before any data is read
         # a run that cannot fit says so before it starts (fedrepro.cost.memory; FEDREPRO_MEMORY_CHECK=warn|off)
         clients = clients_of_file(run["paths"]["split"]) or 1
@@ -310,6 +315,7 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
             log.info("%s", line)
         check_fits(needed, log)
         algorithm = method_class(run["algorithm"]["name"])
+        code = run_code(run)        # the code this job imported, recorded before a file can change under it
         split_file = read_split_file(run["paths"]["split"])
         test_data = describe_test_use(run, algorithm.reads_target(run["algorithm"]["params"]), Split.from_json(split_file))
         fed, hashes = load_federation(run, split_file)
@@ -340,7 +346,7 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
                "startup_s": startup, "phases": phases.to_json()}
     manifest = run_manifest(run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
                             timings=timings, resumed_from=result.resumed_from, test_data=test_data, variant=variant,
-                            plugins=run_plugins(run))
+                            plugins=run_plugins(run), code=code)
     write_json(out_dir / "run_manifest.json", manifest)
     write_json(out_dir / "metrics.json", summary)  # last: its presence means the run is complete
     resume.unlink(missing_ok=True)

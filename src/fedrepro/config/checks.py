@@ -33,6 +33,7 @@ class Checks:
             self.paper(paper, self.loaded.paper_files[name])
             self.client_counts(name, self.loaded.paper_files[name])
         self.test_data_use()
+        self.runs_as_trained()
 
     def client_counts(self, paper: str, where: str) -> None:
         """No split asks for more clients (times ``min_train``) than its dataset has images, where that is known
@@ -239,6 +240,31 @@ class Checks:
                 f"allow_test_selection: true in the train block (the paper's defaults, the setting's or the method's "
                 f"train:); the run manifest, metrics.json and the table captions then record it.")
 
+
+    def runs_as_trained(self) -> None:
+        """Every planned run's method and model family accept the train block it will run under (their ``check_run``;
+        docs/plugins.md): a combination one of them cannot run correctly stops here, one line per variant and problem,
+        naming where the run's train block comes from (the paper file, or the extension whose twin it is)."""
+        from ..registry import run_problems
+
+        found: dict[tuple[str, str, str], list[str]] = {}      # (paper, variant, problem) -> the runs' settings
+        for paper, setting, method, protocol in dict.fromkeys((k.paper, k.setting, k.method, k.protocol)
+                                                              for k in self.plan.runs()):
+            variant = self.papers[paper]["methods"][method]
+            train = self.resolver.train_config(paper, setting, method, protocol)
+            params = self.resolver.method_params(paper, method, protocol)
+            for problem in run_problems(variant.get("method", method), params, train):
+                found.setdefault((paper, method, problem), []).append(f"{setting} ({protocol})")
+        lines = []
+        for (paper, method, problem), runs in found.items():
+            where = f"{self.loaded.paper_files.get(paper, paper)}: methods/{method}"
+            twin = self.loaded.extension.twin_of(paper, method) if self.loaded.extension else None
+            if twin is not None:
+                where = (f"{self.loaded.extension.where}/methods/{twin[0]} (as {paper}'s {twin[1]}, whose train block "
+                         f"it runs with)")
+            lines.append(f"{where} on settings {', '.join(runs)}: {problem}")
+        if lines:
+            raise ConfigError("\n".join(lines))
 
     def reads_test_data(self, paper: str, setting: str, method: str) -> list[str]:
         """How a clean run of (setting, method) would read its test data without opting in (nothing: [])."""

@@ -189,7 +189,7 @@ class Extension:
         view["settings"][key] = {"dataset": setting["dataset"], "label": setting.get("label", key), "split": split,
                                  **({"train": copy.deepcopy(base["train"])} if "train" in base else {})}
         stand_in = {"like": like, "like_label": base.get("label", like), "label": setting.get("label", key),
-                    "dataset": setting["dataset"]}
+                    "dataset": setting["dataset"], "dataset_title": DATASETS.get(setting["dataset"]).obj.title}
         for table, spec in list(self.loaded.papers[paper].get("tables", {}).items()):
             twin = substitute_setting(extended.get(table, spec), like, key, stand_in)
             if twin is not None:
@@ -269,6 +269,11 @@ class Extension:
         run) adds to a variant's train block, it adds to its twin's too."""
         return next((b for (p, _, b), twin in self._variants.items() if p == paper and twin == variant), variant)
 
+    def twin_of(self, paper: str, variant: str) -> tuple[str, str] | None:
+        """(the extension's method key, the paper's baseline variant) of a twin variant; None for any other."""
+        return next(((key, base) for (p, key, base), twin in self._variants.items() if p == paper and twin == variant),
+                    None)
+
     def skip(self, paper: str, table: str, why: str) -> None:
         self.skipped.append((paper, table, why))
 
@@ -347,8 +352,49 @@ def substitute_setting(spec: dict, like: str, new: str, stand_in: dict) -> dict 
         out.pop("columns")
     if "rows" not in spec:
         out.pop("rows", None)
-    out["title"] = f"{spec.get('title', '')} - on {stand_in['label']} (in place of {stand_in['like_label']})".strip(" -")
-    out["note"] = " ".join(filter(None, [spec.get("note"), (
+    renamed = renamed_entries(spec, like, stand_in["label"].split(" (")[0].strip() or new)
+    rename_entries(out, renamed)
+    dataset = f"{stand_in['dataset']}: {stand_in['dataset_title']}" if stand_in.get("dataset_title") else stand_in["dataset"]
+    out["title"] = f"On {stand_in['label']} (dataset {dataset}) in place of {stand_in['like_label']}: {spec.get('title', '')}"
+    original = f"The original table's note: {spec['note'].rstrip('.')}." if spec.get("note") else ""
+    out["note"] = " ".join(filter(None, [(
         f"Extension setting {stand_in['label']!r} (dataset {stand_in['dataset']}) in place of {stand_in['like_label']!r}, "
-        f"trained as that setting is; labels are the original table's; no published values belong to it.")]))
+        f"trained as that setting is" + (f"; {', '.join(repr(n) for n in renamed.values())} in place of "
+                                         f"{', '.join(repr(o) for o in renamed)}" if renamed else "")
+        + "; no published values belong to it."), original]))
     return out
+
+
+def renamed_entries(spec: dict, like: str, name: str) -> dict[str, str]:
+    """Old -> new label of the rows or columns of ``spec`` that read setting ``like`` and name it: two or more whose
+    labels begin with the same words and differ after them (``ISIC BACC``, ``ISIC F1`` -> ``Shapes BACC``, ``Shapes F1``).
+    A label that does not name its setting (``C0``, ``cls 1%``) stays."""
+    out = {}
+    for axis in ("rows", "columns"):
+        labels = [e["label"] for e in spec.get(axis, []) or [] if e.get("setting") == like and e.get("label")]
+        words = [label.split() for label in labels]
+        common = []
+        for parts in zip(*words) if len(words) > 1 else ():
+            if len(set(parts)) > 1:
+                break
+            common.append(parts[0])
+        if common and all(len(w) > len(common) for w in words):
+            out.update({label: " ".join([name, *label.split()[len(common):]]) for label in labels})
+    return out
+
+
+def rename_entries(spec: dict, renamed: dict[str, str]) -> None:
+    """Apply ``renamed`` (old -> new label) to a table spec's rows and columns and to everything naming them (a row's
+    per-column ``evals``/``methods``/``settings``, its ``only``, a column's ``mean_of``)."""
+    if not renamed:
+        return
+    for axis in ("rows", "columns"):
+        for entry in spec.get(axis, []) or []:
+            if entry.get("label") in renamed:
+                entry["label"] = renamed[entry["label"]]
+            for per_column in ("evals", "methods", "settings"):
+                if isinstance(entry.get(per_column), dict):
+                    entry[per_column] = {renamed.get(k, k): v for k, v in entry[per_column].items()}
+            for listed in ("only", "mean_of"):
+                if isinstance(entry.get(listed), list):
+                    entry[listed] = [renamed.get(k, k) for k in entry[listed]]

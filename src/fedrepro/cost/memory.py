@@ -28,7 +28,9 @@ The estimate is a sum of named parts, each from the run's config (nothing is tra
 Where the job runs on a GPU, model copies, gradients, optimizer states of the training client, uploads
 and activations are GPU memory; per-client state, the checkpoint's copy of the model and the data are
 host memory. On the CPU everything is host memory. Per-model figures are cached in
-``resources/model_profiles/`` (``paths.model_profile``) so planning the DAG builds each model once.
+``resources/model_profiles/`` (``paths.model_profile``) so planning the DAG builds each model once; the key holds the
+code of the method and the model family (:mod:`fedrepro.code_identity`), so changed code is profiled anew, and a model
+that cannot be built is a :class:`ProfileError` naming the family and the error, never cached.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import json
 import logging
 import math
 import os
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,33 +159,54 @@ class _Shell:
                               class_names, extras)
 
 
+class ProfileError(RuntimeError):
+    """A run's model or method that cannot be built on the meta device: the message names the model family, the
+    method, the error and the line. Never cached: the next planning tries again (a fixed family is profiled anew)."""
+
+
 def profile_key(run: dict) -> str:
+    """What a profile depends on: the model block, the method and its params, the optimizer, ``client_eval``, the
+    dataset, torch's version and the code of the method and the model family (:mod:`fedrepro.code_identity`), so a
+    family or method whose code changed is profiled again."""
+    from ..code_identity import component, fingerprint
+
     train = run["train"]
+    code = {kind: fingerprint(component(kind, name))
+            for kind, name in (("method", run["algorithm"]["name"]), ("model family", train["model"]["family"]))}
     return hash_obj({"v": PROFILE_VERSION, "model": train["model"], "algorithm": run["algorithm"],
                      "optimizer": train["optimizer"], "client_eval": train.get("client_eval"),
-                     "dataset": run["dataset"], "torch": torch.__version__}, 12)
+                     "dataset": run["dataset"], "torch": torch.__version__, "code": code}, 12)
 
 
 _PROFILES: dict[str, dict] = {}
+_FAILED: dict[str, ProfileError] = {}     # this process's failures (each said once, and never written to disk)
 
 
 def model_profile(run: dict, cache: bool = True) -> dict:
-    """Bytes of the run's model and of what its method keeps (see the module docstring); cached on disk."""
+    """Bytes of the run's model and of what its method keeps (see the module docstring); cached on disk. A model or
+    method that cannot be built on the meta device raises :class:`ProfileError` and leaves nothing on disk."""
     key = profile_key(run)
     if cache and key in _PROFILES:
         return _PROFILES[key]
+    if cache and key in _FAILED:
+        raise _FAILED[key]
     path = Path(paths.model_profile(key))
     if cache and path.exists():
         try:
-            _PROFILES[key] = json.loads(path.read_text())
-            return _PROFILES[key]
+            profile = json.loads(path.read_text())
+            if "error" not in profile:         # written by an earlier version, which cached its failures
+                _PROFILES[key] = profile
+                return profile
         except (OSError, ValueError):
             pass
     logging.disable(logging.WARNING)           # open_clip and timm narrate every build at INFO/WARNING
     try:
         profile = _build_profile(run)
-    except Exception as error:    # noqa: BLE001 - any failure to build offline falls back, with the reason
-        profile = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+    except Exception as error:    # noqa: BLE001 - any failure to build offline is the family's or method's, named
+        failure = ProfileError(profile_failure(run, error))
+        if cache:
+            _FAILED[key] = failure
+        raise failure from None
     finally:
         logging.disable(logging.NOTSET)
     if cache:
@@ -192,6 +216,32 @@ def model_profile(run: dict, cache: bool = True) -> dict:
         except OSError:
             pass
     return profile
+
+
+def profile_failures(project, keys) -> dict[str, object]:
+    """Each distinct failure to profile the runs ``keys`` of a project -> the first run it stops (``fedrepro validate``
+    asks for the runs of plug-ins' methods and families, the workflow for every run it sizes)."""
+    failures: dict[str, object] = {}
+    for key in keys:
+        try:
+            model_profile(project.resolver.run_config(key))
+        except ProfileError as error:
+            failures.setdefault(str(error), key)
+    return failures
+
+
+def profile_failure(run: dict, error: BaseException) -> str:
+    """Which model family and method could not be built on the meta device, the error and the line that raised it."""
+    from ..registry import METHODS, MODELS
+
+    family, method = run["train"]["model"]["family"], run["algorithm"]["name"]
+    frames = traceback.extract_tb(error.__traceback__)
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    first = str(error).splitlines()[0][:300] if str(error) else ""
+    return (f"model family {family!r} ({MODELS.get(family).describe()}) with method {method!r} "
+            f"({METHODS.get(method).describe()}) cannot be built on the meta device for the memory estimate: "
+            f"{type(error).__name__}: {first}{at}. The estimate builds the family's model and calls the method's "
+            f"build_model(), shared_keys() and memory_layout() without setup() (docs/plugins.md)")
 
 
 def _build_profile(run: dict) -> dict:
@@ -357,12 +407,14 @@ def estimate(run: dict, clients: int, device: str | torch.device | None = None, 
     device = torch.device(device) if not isinstance(device, torch.device) else device
     gpu = device.type == "cuda"
     est = Estimate(tag, device.type)
-    profile = profile or model_profile(run)
+    try:
+        profile = profile or model_profile(run)
+    except ProfileError as error:
+        profile = {"error": str(error)}
     est.profile = profile
     est.notes += profile.get("notes", [])
-    if "error" in profile:
-        est.notes.append(f"the model could not be built on the meta device ({profile['error']}): model parts "
-                         f"are not counted")
+    if "error" in profile:          # the job still runs; its planned request is the workflow's fallback
+        est.notes.append(f"{profile['error']}: the model's parts are not counted")
         est.host["runtime (Python, torch, libraries)"] = HOST_BASE + (CUDA_HOST if gpu else 0)
         return est
 

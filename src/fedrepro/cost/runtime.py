@@ -215,9 +215,12 @@ def run_cost(project, key, table: Table, authors: AuthorsWay = AuthorsWay(), pro
     train, model = run["train"], run["train"]["model"]
     cost = RunCost(key, run["input"] != "features")
     if profile is None:
-        from .memory import model_profile
+        from .memory import ProfileError, model_profile
 
-        profile = model_profile(run)
+        try:
+            profile = model_profile(run)
+        except ProfileError as error:       # the time is still counted; what the method keeps is not
+            profile = {"error": str(error)}
     try:
         work = run_work(project, key, run, profile)
     except ThroughputError as error:

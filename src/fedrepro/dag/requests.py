@@ -39,6 +39,7 @@ class Requests:
         self._runs: dict[str, dict] = {}
         self._features: dict[tuple, cost.Request] = {}
         self._downstream: dict[str, cost.Request] = {}
+        self._failures: set[str] = set()
 
     def _throughput_tables(self, gpu_model_of, error) -> dict:
         tables, notes = {}, {}
@@ -72,8 +73,12 @@ class Requests:
         except Exception as error:  # noqa: BLE001 - planning never fails on an estimate
             self.say(f"fedrepro: no memory estimate for {path} ({error}); asking for {FALLBACK_MEMORY}")
             return {**FALLBACK_MEMORY, "runtime": guess}
-        if "error" in est.profile:
-            self.say(f"fedrepro: {path}: {est.profile['error']}; asking for {FALLBACK_MEMORY}")
+        if "error" in est.profile:      # said once per failure, not once per run and seed
+            if est.profile["error"] not in self._failures:
+                self._failures.add(est.profile["error"])
+                self.say(f"fedrepro: no memory estimate: {est.profile['error']}. Its jobs (the first: {path}) ask "
+                         f"for the fallback mem_mb={FALLBACK_MEMORY['mem_mb']}; fix it and plan again (a failure is "
+                         f"never cached)")
             return {**FALLBACK_MEMORY, "runtime": guess}
         request = cost.train_request(project, key, est, self.tables["train"])
         return {"mem_mb": est.host_mb(), "gpu_mem_mb": request.gpu_mem_mb, "runtime": request.runtime}

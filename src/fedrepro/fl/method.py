@@ -125,6 +125,14 @@ class FederatedMethod(ABC):
         return self.compute.batch(batch)
 
     @classmethod
+    def check_run(cls, params: dict, train: dict) -> list[str]:
+        """What the method cannot run correctly with ``params`` under the resolved train block ``train`` (its optimizer,
+        local work, model, precision, ...): one line per problem, naming the key as ``train/<key>/...`` and the fix;
+        [] when it can. Asked for every run before any job (``fedrepro validate``, the workflow) and again by the job:
+        a method correct only under plain SGD refuses another optimizer here instead of failing in ``setup``."""
+        return []
+
+    @classmethod
     def caption_note(cls, params: dict) -> str | None:
         """What a table's caption says about a row or column of this method run with ``params``: a choice its
         readers need to read the numbers (e.g. Centralized's budget per round), or None."""

@@ -110,10 +110,16 @@ def client_weights(rule: str, num_examples: list[int], steps: list[int]) -> list
 class FedAdapterProto(ModelAveraging):
     personalized = True     # every client is evaluated with its own model (Table 1: one column per client)
 
-    def setup(self) -> None:
-        family = self.ctx.train["model"]["family"]
+    @classmethod
+    def check_run(cls, params: dict, train: dict) -> list[str]:
+        family = train["model"]["family"]
         if family != "adapter_protonet":
-            raise ValueError(f"fedadapterproto trains the adapter_protonet model family, not {family!r}")
+            return [f"train/model/family is {family!r}: fedadapterproto trains the adapter_protonet model family"]
+        return []
+
+    def setup(self) -> None:
+        for problem in self.check_run(self.params, self.ctx.train):
+            raise ValueError(problem)
         super().setup()
         self.anchor: dict[str, torch.Tensor] = {}
         self.own_shared = self.client_states("own_shared")     # client -> its own adapters/head (client_start: local)

@@ -211,15 +211,22 @@ def mean_class_loss(sums: list[torch.Tensor], counts: list[torch.Tensor], eps: f
 class FedIIC(ModelAveraging):
     PROTOTYPES, CLASS_LOSS = "fediic.prototypes", "fediic.class_loss"
 
+    @classmethod
+    def check_run(cls, params: dict, train: dict) -> list[str]:
+        views = train["model"].get("views", 1)
+        if (params["k1"] > 0 or params["k2"] > 0) and views != 2:
+            return [f"train/model/views is {views}, but FedIIC with k1={params['k1']}, k2={params['k2']} contrasts two "
+                    f"views per image: set train.model.views: 2 (family proj_classifier), or k1 = k2 = 0"]
+        return []
+
     def setup(self) -> None:
+        for problem in self.check_run(self.params, self.ctx.train):     # a job fed its run by hand is checked too
+            raise ValueError(problem)
         super().setup()
         p = self.params
         self.contrastive = p["k1"] > 0 or p["k2"] > 0
         if self.contrastive:
             projector_of(self.server)
-            if self.ctx.train["model"].get("views", 1) != 2:
-                raise ValueError(f"FedIIC with k1={p['k1']}, k2={p['k2']} contrasts two views per image: set "
-                                 f"train.model.views: 2 (family proj_classifier) for method {self.ctx.run['method']!r}")
         head_of(self.server)
         # the authors' steps (train.arithmetic: authors) for what their code computes: FedAvg by client size, both
         # contrastive losses, mean reduction (the Table 2 and 3 variants that switch a term off or sum ran code that

@@ -50,6 +50,13 @@ class ModelFamily:
         self.cfg, self.class_names, self.extras = cfg, list(class_names), extras
         self.num_classes = len(class_names)
 
+    @classmethod
+    def check_run(cls, params: dict, train: dict) -> list[str]:
+        """What the family cannot train correctly with its block ``params`` (``train.model``) under the resolved train
+        block ``train``: one line per problem, naming the key (``train/model/...``) and the fix; [] when it can. Asked
+        before any job, as :meth:`fedrepro.fl.method.FederatedMethod.check_run`."""
+        return []
+
     def build(self) -> nn.Module:
         raise NotImplementedError
 

@@ -298,13 +298,16 @@ def seeds_links(card: pd.DataFrame) -> list[tuple[str, str]]:
             for protocol, paper, table in tables]
 
 
-def render_markdown(card: pd.DataFrame, title: str, stand_ins: list[str] | None = None) -> str:
-    """``stand_ins``: what the papers' stand-in data and models are (the demo), each said above the table."""
+def render_markdown(card: pd.DataFrame, title: str, stand_ins: list[str] | None = None, code: str | None = None) -> str:
+    """``stand_ins``: what the papers' stand-in data and models are (the demo), each said above the table; ``code``:
+    which cells hold runs made by other code than the installed one (:mod:`.code_changes`), said there too."""
     lines = [f"# {title}", "", summary_line(card).replace("\n", "  \n"), ""]
     if stand_ins:
         lines += [f"**{STAND_IN_NOTE}** " + " ".join(stand_ins), ""]
     else:
         lines += [RULE, ""]
+    if code:
+        lines += [code, ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(card)]
     links = ", ".join(f"[{label}]({target})" for label, target in seeds_links(card))
@@ -312,7 +315,8 @@ def render_markdown(card: pd.DataFrame, title: str, stand_ins: list[str] | None 
                      + ([f"Every seed's value: {links}.", ""] if links else []))
 
 
-def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand_ins: list[str] | None = None) -> str:
+def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand_ins: list[str] | None = None,
+                code: str | None = None) -> str:
     """The scorecard page; ``figure``: a PNG file, embedded as a data URI."""
     colour = {"reproduced": "#d9f2d9", "inconclusive": "#efe7e2", "above": "#fff2cc", "below": "#f8d7da",
               "not run": "#eeeeee", "no interval": "#eeeeee", STAND_IN: "#eeeeee", "unpublished": "#e3f2fd"}
@@ -328,6 +332,8 @@ def render_html(card: pd.DataFrame, title: str, figure: str | Path | None, stand
         parts.append(f"<p><b>{html.escape(STAND_IN_NOTE)}</b> {html.escape(' '.join(stand_ins))}</p>")
     else:
         parts.append(f"<p id='rule'>{html.escape(RULE)}</p>")
+    if code:
+        parts.append(f"<p id='code'>{html.escape(code)}</p>")
     if figure:
         parts.append(f"<img id='scorecard-figure' src='{data_uri(figure)}' alt='published vs measured' "
                      f"style='max-width:900px'>")
@@ -401,12 +407,13 @@ class ScorecardFiles:
         return cls(stem.with_suffix(".md"), stem.with_suffix(".html"), stem.with_suffix(".csv"), stem.with_suffix(".png"))
 
 
-def write(card: pd.DataFrame, title: str, files: ScorecardFiles, stand_ins: list[str] | None = None) -> None:
+def write(card: pd.DataFrame, title: str, files: ScorecardFiles, stand_ins: list[str] | None = None,
+          code: str | None = None) -> None:
     from .item import run_name
     from .plotting import data_note
 
     write_csv(files.csv, card)
     with data_note(f"({run_name() or 'stand-in run'}: stand-in data) {STAND_IN_NOTE}" if stand_ins else None):
         plot(card, title, files.png)
-    write_text(files.md, render_markdown(card, title, stand_ins))
-    write_text(files.html, render_html(card, title, files.png, stand_ins))
+    write_text(files.md, render_markdown(card, title, stand_ins, code))
+    write_text(files.html, render_html(card, title, files.png, stand_ins, code))

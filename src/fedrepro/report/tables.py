@@ -21,6 +21,7 @@ Outputs for ``results/tables/<protocol>/<paper>/<table>``:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from ..config import Project, column_eval, resolve_cell
 from ..io import read_json, write_csv, write_text
 from ..paths import DEFAULT_NUMERICS
 from ..registry import TABLE_KINDS, method_class, register_table_kind
+from .code_changes import code_note
 from .item import ReportItem, require, split_count_inputs, stand_in, stand_in_warning
 from .published import Published, read_published
 from .stats import plus_minus, summarise
@@ -245,6 +247,7 @@ def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
         parts.append(item.spec["note"])
     parts += method_notes(item)
     parts += bar_explanations(item)
+    parts += code_notes(item)
     description = stand_in(item.project, item.paper)
     if description:
         parts.append(stand_in_warning(description))
@@ -252,15 +255,25 @@ def caption_notes(item: ReportItem, summary: pd.DataFrame) -> str:
 
 
 def method_notes(item: ReportItem) -> list[str]:
-    """What the methods of this table's runs say about themselves (``FederatedMethod.caption_note``)."""
+    """What the methods of this table's runs say about themselves (``FederatedMethod.caption_note``): a phrase after
+    the row's label ("trains ..."); a note that begins with the label (or the method's own name, before a twin's
+    "(...)") is taken as it is, not prefixed a second time."""
     methods, notes = item.project.papers[item.paper]["methods"], {}
     for key in item.project.plan.table_runs(item.paper, item.name, item.protocol):
         variant = methods[key.method]
         note = method_class(variant.get("method", key.method)).caption_note(
             item.project.resolver.method_params(item.paper, key.method, key.protocol))
         if note:
-            notes.setdefault(f"{variant.get('label', key.method)} {note.rstrip('.')}.", None)
+            label, text = variant.get("label", key.method), note.strip().rstrip(".")
+            named = any(re.match(rf"{re.escape(name)}(?![\w-])", text) for name in {label, label.split(" (")[0]})
+            notes.setdefault(f"{text}." if named else f"{label} {text}.", None)
     return list(notes)
+
+
+def code_notes(item: ReportItem) -> list[str]:
+    """Which of this table's rows hold runs made by other code than the installed one (:mod:`.code_changes`)."""
+    note = code_note(item.project, item.project.plan.table_runs(item.paper, item.name, item.protocol))
+    return [note] if note else []
 
 
 def bar_explanations(item: ReportItem) -> list[str]:
