@@ -464,6 +464,54 @@ def test_a_module_digest_sees_code_not_comments_docstrings_or_layout():
     assert source_digest('def f():\n    """Only a docstring."""\n') == source_digest("def f():\n    pass\n")
 
 
+def test_a_components_digest_covers_its_classes_and_what_they_use_not_the_rest_of_their_module():
+    """Two families in one module, on one base class: editing one (or a helper only it uses) leaves the other's code
+    as it was; editing the base class, a helper or constant the component names (through another), or an import it
+    uses changes it."""
+    from fedrepro.code_identity import source_digest
+
+    module = '''import math
+import torch
+
+SCALE = 2.0
+DEFAULTS = {"scale": SCALE}
+
+
+def helper(x):
+    return math.sqrt(x)
+
+
+def clip_only(x):
+    return torch.tanh(x)
+
+
+class Base:
+    def loss(self, x):
+        return x
+
+
+class Mine(Base):
+    params = DEFAULTS
+
+    def forward(self, x):
+        return helper(x)
+
+
+class Clip(Base):
+    def forward(self, x):
+        return clip_only(x)
+'''
+    mine = ["Mine", "Base"]
+    made = source_digest(module, mine)
+    for unrelated in (("torch.tanh(x)", "torch.sigmoid(x)"), ("return clip_only(x)", "return 2 * clip_only(x)")):
+        assert source_digest(module.replace(*unrelated), mine) == made, unrelated
+        assert source_digest(module.replace(*unrelated), ["Clip", "Base"]) != source_digest(module, ["Clip", "Base"])
+    for related in (("return x\n", "return 2 * x\n"), ("math.sqrt(x)", "math.exp(x)"), ("SCALE = 2.0", "SCALE = 3.0"),
+                    ("import math", "import cmath as math")):
+        assert source_digest(module.replace(*related), mine) != made, related
+    assert source_digest(module.replace("return helper(x)", "return helper(x)  # the root"), mine) == made
+
+
 MINE_WITH_NOTE = METHOD_MODULE.format(name="mine", inputs=registry.INPUTS) + '''
     @classmethod
     def caption_note(cls, params):

@@ -1,12 +1,16 @@
 """Which code made a run: the fedrepro version and commit, and per registered component the run uses (its method,
 model family and dataset, built in or from a plug-in) a digest of the source that defines it.
 
-A component's code is the module that defines it and the modules of its base classes, inside fedrepro or the plug-in's
-own package (FedAvgM of the example plug-in: ``fedrepro_fedavgm.fedavgm`` and ``fedrepro.fl.method``, where
-``ModelAveraging`` lives; a dataset: the module of its preparer). Each module's digest is the SHA-256 of its syntax
-tree with every docstring left out, in a form of our own that names each node and its non-empty fields: a comment,
-a docstring, blank lines or a re-wrapped line change nothing, and neither does a Python release that only adds
-fields to the tree. A component from a plug-in also records the plug-in, its distribution and version.
+A component's code is the part of its modules it uses: the class that defines it and its base classes inside
+fedrepro or the plug-in's own package (FedAvgM of the example plug-in: ``FedAvgM`` in ``fedrepro_fedavgm.fedavgm``,
+``ModelAveraging`` and ``FederatedMethod`` in ``fedrepro.fl.method``; a dataset: its preparer), and every top-level
+definition of those modules they name, as far as those name others (a helper function, a constant, a class, an
+import). Another class or function of the same module is not part of it: editing the CLIP families of
+``fedrepro.models.families`` leaves the code of the timm classifier family, which shares their module and base class,
+as it was. Each module's digest is the SHA-256 of that part's syntax tree with every docstring left out, in a form of
+our own that names each node and its non-empty fields: a comment, a docstring, blank lines or a re-wrapped line
+change nothing, and neither does a Python release that only adds fields to the tree. A component from a plug-in
+also records the plug-in, its distribution and version.
 
 :func:`run_code` is what a run manifest records (``code``); :func:`code_changes` compares such a record with the code
 installed now. A run's method and model family are compared (they are what trains); its dataset is recorded only,
@@ -50,18 +54,60 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-def source_digest(source: str) -> str:
-    """SHA-256 of a module's source as code: comments, docstrings and layout do not count."""
+def _bound_names(node: ast.stmt) -> list[str]:
+    """The names a top-level statement binds (a def, a class, an assignment, an import, or any of these inside an
+    ``if``/``try``/``with`` at the top)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    names = []
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+            names.append(inner.id)
+        elif inner is not node and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                                     ast.Import, ast.ImportFrom)):
+            names += _bound_names(inner)
+    return names
+
+
+def _used(tree: ast.Module, roots) -> list[ast.stmt] | None:
+    """The top-level statements of ``tree`` that bind ``roots`` and, transitively, every top-level name they use, in
+    the module's order; None where a root is not defined at the top (a class made inside a function)."""
+    binders: dict[str, list[ast.stmt]] = {}
+    for node in tree.body:
+        for name in _bound_names(node):
+            binders.setdefault(name, []).append(node)
+    if any(root not in binders for root in roots):
+        return None
+    chosen: set[int] = set()
+    todo, seen = list(roots), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in binders.get(name, []):
+            if id(node) not in chosen:
+                chosen.add(id(node))
+                todo += [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+    return [node for node in tree.body if id(node) in chosen]
+
+
+def source_digest(source: str, roots=None) -> str:
+    """SHA-256 of a module's source as code (comments, docstrings and layout do not count); with ``roots`` (top-level
+    names), of the part of it they use only (:func:`_used`; the whole module where one is not at the top)."""
     tree = _without_docstrings(ast.parse(source))
-    return hashlib.sha256(_canonical(tree).encode()).hexdigest()
+    part = _used(tree, roots) if roots else None
+    return hashlib.sha256(_canonical(tree if part is None else part).encode()).hexdigest()
 
 
-_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGESTS: dict[tuple, str | None] = {}
 
 
-def module_digest(module: str) -> str | None:
-    """:func:`source_digest` of an imported module's file (cached per version of the file); None where its source
-    cannot be read (a module made in memory, a compiled extension)."""
+def module_digest(module: str, roots=None) -> str | None:
+    """:func:`source_digest` of an imported module's file, of the part ``roots`` use (cached per version of the file);
+    None where its source cannot be read (a module made in memory, a compiled extension)."""
     try:
         path = inspect.getsourcefile(sys.modules[module])
         stat = Path(path).stat() if path else None
@@ -69,24 +115,29 @@ def module_digest(module: str) -> str | None:
         return None
     if stat is None:
         return None
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    key = (str(path), stat.st_mtime_ns, stat.st_size, tuple(sorted(roots or ())))
     if key not in _DIGESTS:
         try:
-            _DIGESTS[key] = source_digest(Path(path).read_text(encoding="utf-8"))
+            _DIGESTS[key] = source_digest(Path(path).read_text(encoding="utf-8"), roots)
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
             return None
     return _DIGESTS[key]
 
 
-def defining_modules(obj, origin: str | None) -> list[str]:
-    """The modules whose code is ``obj``'s: its own and, for a class, those of its base classes in fedrepro or in the
-    plug-in ``origin``'s package (not the standard library's or torch's)."""
+def defining_modules(obj, origin: str | None) -> dict[str, list[str]]:
+    """The modules whose code is ``obj``'s, each with the top-level names that define it there: its own and, for a
+    class, those of its base classes in fedrepro or in the plug-in ``origin``'s package (not the standard library's
+    or torch's)."""
     def ours(module: str) -> bool:
         top = module.split(".")[0]
         return top == "fedrepro" or (origin is not None and top == origin)
 
-    classes = obj.__mro__ if inspect.isclass(obj) else (obj,)
-    return list(dict.fromkeys(c.__module__ for c in classes if getattr(c, "__module__", None) and ours(c.__module__)))
+    out: dict[str, list[str]] = {}
+    for c in obj.__mro__ if inspect.isclass(obj) else (obj,):
+        module = getattr(c, "__module__", None)
+        if module and ours(module):
+            out.setdefault(module, []).append(c.__qualname__.split(".")[0])
+    return out
 
 
 def component(kind: str, name: str) -> dict:
@@ -99,7 +150,7 @@ def component(kind: str, name: str) -> dict:
     if kind == "dataset":           # a declaration: its code is the preparer that turns its files into a manifest
         obj = PREPARERS.get(obj.prepare).obj
     origin = entry.origin if entry.origin != "config" else None
-    out = {"name": name, "modules": {m: module_digest(m) for m in defining_modules(obj, origin)}}
+    out = {"name": name, "modules": {m: module_digest(m, roots) for m, roots in defining_modules(obj, origin).items()}}
     if entry.origin is not None:
         dist = plugin_distribution(entry.origin) if origin else None
         out.update(plugin=entry.origin, distribution=dist[0] if dist else None, version=dist[1] if dist else None)
