@@ -94,15 +94,23 @@ def _used(tree: ast.Module, roots) -> list[ast.stmt] | None:
     return [node for node in tree.body if id(node) in chosen]
 
 
-def source_digest(source: str, roots=None) -> str:
+def source_digest(source: str | ast.Module, roots=None) -> str:
     """SHA-256 of a module's source as code (comments, docstrings and layout do not count); with ``roots`` (top-level
-    names), of the part of it they use only (:func:`_used`; the whole module where one is not at the top)."""
-    tree = _without_docstrings(ast.parse(source))
+    names), of the part of it they use only (:func:`_used`; the whole module where one is not at the top).
+    ``source`` may be the module's syntax tree without docstrings (:func:`_tree`)."""
+    tree = source if isinstance(source, ast.Module) else _without_docstrings(ast.parse(source))
     part = _used(tree, roots) if roots else None
     return hashlib.sha256(_canonical(tree if part is None else part).encode()).hexdigest()
 
 
+_TREES: dict[tuple[str, int, int], ast.Module] = {}     # a file's version -> its tree without docstrings
 _DIGESTS: dict[tuple, str | None] = {}
+
+
+def _tree(path: str, version: tuple[str, int, int]) -> ast.Module:
+    if version not in _TREES:
+        _TREES[version] = _without_docstrings(ast.parse(Path(path).read_text(encoding="utf-8")))
+    return _TREES[version]
 
 
 def module_digest(module: str, roots=None) -> str | None:
@@ -115,10 +123,11 @@ def module_digest(module: str, roots=None) -> str | None:
         return None
     if stat is None:
         return None
-    key = (str(path), stat.st_mtime_ns, stat.st_size, tuple(sorted(roots or ())))
+    version = (str(path), stat.st_mtime_ns, stat.st_size)
+    key = (*version, tuple(sorted(roots or ())))
     if key not in _DIGESTS:
         try:
-            _DIGESTS[key] = source_digest(Path(path).read_text(encoding="utf-8"), roots)
+            _DIGESTS[key] = source_digest(_tree(path, version), roots)
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
             return None
     return _DIGESTS[key]
@@ -157,11 +166,11 @@ def component(kind: str, name: str) -> dict:
     return out
 
 
-def components(run: dict) -> dict[str, dict]:
-    """Every recorded component of a resolved run config."""
+def components(run: dict, kinds=RECORDED) -> dict[str, dict]:
+    """The components ``kinds`` (default: every recorded one) of a resolved run config."""
     names = {"method": run["algorithm"]["name"], "model family": run["train"]["model"]["family"],
              "dataset": run["dataset"]}
-    return {kind: component(kind, names[kind]) for kind in RECORDED}
+    return {kind: component(kind, names[kind]) for kind in kinds}
 
 
 def fedrepro_code() -> dict:

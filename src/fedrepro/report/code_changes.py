@@ -43,7 +43,7 @@ def check_code(project: Project, keys) -> CodeCheck:
             continue
         variant = (key.folder, key.paper, key.setting, key.method)
         if variant not in now:
-            now[variant] = components(project.resolver.run_config(key))
+            now[variant] = components(project.resolver.run_config(key), COMPARED)
         try:
             recorded = read_json(manifest).get("code")
         except (OSError, ValueError):
@@ -65,7 +65,7 @@ def installed_code(project: Project, keys) -> dict[str, dict[str, str]]:
     for key in dict.fromkeys(keys):
         name = f"{key.folder}/{key.paper}/{key.setting}/{key.method}"
         if name not in out:
-            found = components(project.resolver.run_config(key))
+            found = components(project.resolver.run_config(key), COMPARED)
             out[name] = {kind: fingerprint(found[kind]) for kind in COMPARED}
     return out
 
