@@ -415,6 +415,25 @@ def test_a_method_that_cannot_run_under_its_baselines_train_block_is_refused_in_
         "contrasts two views per image: set train.model.views: 2 (family proj_classifier), or k1 = k2 = 0"]
 
 
+def test_a_model_family_refuses_a_train_block_too_and_a_failing_hook_is_named(plugins):
+    from fedrepro.models.families import ModelFamily
+
+    @registry.register_model("fp32_only", input="features")
+    class Fp32Only(ModelFamily):
+        @classmethod
+        def check_run(cls, params, train):
+            if params.get("width", 1) < 0:
+                raise KeyError("width")
+            return [] if train["precision"] == "fp32" else [f"train/precision is {train['precision']!r}: fp32 only"]
+
+    train = {"model": {"family": "fp32_only"}, "precision": "amp", "optimizer": {"name": "sgd", "lr": 0.1}}
+    [refused] = registry.run_problems("fedavg", {}, train)
+    assert refused.startswith("model family fp32_only (") and refused.endswith("train/precision is 'amp': fp32 only")
+    assert registry.run_problems("fedavg", {}, {**train, "precision": "fp32"}) == []
+    [failed] = registry.run_problems("fedavg", {}, {**train, "model": {"family": "fp32_only", "width": -1}})
+    assert "its check_run failed: KeyError: 'width' (at " in failed and "test_plugins.py:" in failed
+
+
 BROKEN_LAYOUT = '''
 from fedrepro.methods.fedavg import FedAvg
 from fedrepro.registry import register_method
