@@ -159,7 +159,8 @@ def test_the_scorecard_and_the_evidence_page_include_it(example):
     card = pd.read_csv(work / f"{RESULTS}/extensions/fedavgm/scorecards/fediic.csv")
     mine = card[(card["table"] == "table1") & (card["row"] == "FedAvgM")]
     assert len(mine) == 3 and (mine["verdict"] == "unpublished").all()
-    assert set(card[(card["table"] == "table1") & (card["row"] == "FedAvg")]["verdict"]) == {"no interval"}   # 1 seed
+    # the tiny grid's stand-in data: no verdict at all (before it, 'no interval' for its one seed)
+    assert set(card[(card["table"] == "table1") & (card["row"] == "FedAvg")]["verdict"]) == {"stand-in data"}
     assert set(card[card["table"] == "table1@shapes"]["verdict"]) == {"unpublished"}
     evidence = pd.read_csv(work / f"{RESULTS}/extensions/fedavgm/evidence/bar.csv")
     assert {("lt_creff", "fedavgm"), ("shapes", "fedavgm"), ("shapes", "fediic")} <= set(zip(evidence["setting"],
