@@ -566,6 +566,8 @@ def test_a_change_of_a_methods_code_or_version_marks_its_runs_and_a_comment_does
         return definition_hash(item_definition(table_item(proj, "clean", "fediic", "table1")))
 
     made, check = table(), check_code(proj, keys)
+    # every run current: the definitions are those of a grid before runs recorded code (nothing to make again)
+    assert "code" not in item_definition(table_item(proj, "clean", "fediic", "table1"))
     assert not check.changed and check.unknown == [unknown] and code_note(proj, keys) is None
     assert method_notes(table_item(proj, "clean", "fediic", "table1")) == ["Mine uses beta 0.3."]   # said once
     module = folder / "mine_plugin.py"
@@ -576,6 +578,8 @@ def test_a_change_of_a_methods_code_or_version_marks_its_runs_and_a_comment_does
     check = check_code(proj, keys)
     assert check.changed == {k: ["method mine: mine_plugin changed"] for k in mine_runs}
     assert table() != made                                                # the table is made again, the runs are not
+    assert item_definition(table_item(proj, "clean", "fediic", "table1"))["code"] == {
+        k.path: ["method mine: mine_plugin changed"] for k in mine_runs}
     n = len(mine_runs)
     assert code_note(proj, keys).startswith(f"Made by other code than the installed one: Mine ({n} of {n} runs: "
                                             f"method mine: mine_plugin changed).")

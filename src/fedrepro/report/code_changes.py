@@ -7,8 +7,10 @@ version) stays where it is and is never rerun by itself: Snakemake does not see 
 each table and scorecard built from it says so in its caption. A run that records no code (made before fedrepro
 recorded it) is *unknown*: counted once by ``fedrepro stale``, never listed as changed, never rerun.
 
-A table's and a scorecard's definition holds the installed code of their runs (:func:`installed_code`), so a change of
-code makes them again (not the runs), and the new caption names the runs it no longer describes.
+A table's and a scorecard's definition holds the runs of theirs made by other code, with what changed
+(:func:`changed_code`; nothing while there are none, so a grid whose runs are all current keeps the definitions it had
+before code was recorded): a change of code makes them again (not the runs), and the new caption names the runs it
+no longer describes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
-from ..code_identity import COMPARED, code_changes, components, fingerprint
+from ..code_identity import COMPARED, code_changes, components
 from ..config import Project
 from ..io import read_json
 from ..paths import RunKey
@@ -30,6 +32,22 @@ class CodeCheck:
     unknown: list[RunKey] = field(default_factory=list)              # made, but no code recorded
     current: list[RunKey] = field(default_factory=list)              # made by the installed code
     missing: list[RunKey] = field(default_factory=list)              # not made (yet)
+
+
+_RECORDED: dict[str, tuple[tuple[int, int], dict | None]] = {}     # a manifest -> (its version, its code)
+
+
+def _recorded_code(manifest: Path) -> dict | None:
+    """The ``code`` a run manifest records, read once per version of the file (a DAG build asks for every table and
+    scorecard: the same runs several times)."""
+    try:
+        stat = manifest.stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+        if _RECORDED.get(str(manifest), (None,))[0] != version:
+            _RECORDED[str(manifest)] = (version, read_json(manifest).get("code"))
+        return _RECORDED[str(manifest)][1]
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def check_code(project: Project, keys) -> CodeCheck:
@@ -44,10 +62,7 @@ def check_code(project: Project, keys) -> CodeCheck:
         variant = (key.folder, key.paper, key.setting, key.method)
         if variant not in now:
             now[variant] = components(project.resolver.run_config(key), COMPARED)
-        try:
-            recorded = read_json(manifest).get("code")
-        except (OSError, ValueError):
-            recorded = None
+        recorded = _recorded_code(manifest)
         changes = code_changes(recorded, now[variant])
         if changes is None:
             out.unknown.append(key)
@@ -58,16 +73,10 @@ def check_code(project: Project, keys) -> CodeCheck:
     return out
 
 
-def installed_code(project: Project, keys) -> dict[str, dict[str, str]]:
-    """The installed code of the method and model family of each run variant among ``keys`` (a fingerprint each): what
-    a report's definition holds, so that it is made again when that code changes."""
-    out: dict[str, dict[str, str]] = {}
-    for key in dict.fromkeys(keys):
-        name = f"{key.folder}/{key.paper}/{key.setting}/{key.method}"
-        if name not in out:
-            found = components(project.resolver.run_config(key), COMPARED)
-            out[name] = {kind: fingerprint(found[kind]) for kind in COMPARED}
-    return out
+def changed_code(project: Project, keys) -> dict[str, list[str]]:
+    """Run path -> how its code differs from the installed one, for the runs among ``keys`` made by other code (what
+    a report's definition holds; {} when there are none)."""
+    return {key.path: why for key, why in check_code(project, keys).changed.items()}
 
 
 def code_note(project: Project, keys, label=None) -> str | None:

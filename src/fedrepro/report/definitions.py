@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..config import Project
 from ..io import hash_obj
-from .code_changes import installed_code
+from .code_changes import changed_code
 from .item import ReportItem, stand_in
 from .scorecard import margin_of
 
@@ -58,11 +58,13 @@ def item_definition(item: ReportItem) -> dict:
 
 
 def code_definition(item: ReportItem) -> dict:
-    """A table's: the installed code of its runs' methods and model families (a change of it makes the table again,
-    whose caption then names the runs made by other code: :mod:`.code_changes`); a figure's: nothing."""
+    """A table's: its runs made by other code than the installed one, with what changed (a change of code makes the
+    table again, whose caption then names them: :mod:`.code_changes`); nothing while there are none (a definition
+    as it was before runs recorded their code), and nothing for a figure."""
     if item.kind != "tables":
         return {}
-    return {"code": installed_code(item.project, item.project.plan.table_runs(item.paper, item.name, item.protocol))}
+    changed = changed_code(item.project, item.project.plan.table_runs(item.paper, item.name, item.protocol))
+    return {"code": changed} if changed else {}
 
 
 def scorecard_definition(project: Project, paper: str) -> dict:
@@ -75,8 +77,10 @@ def scorecard_definition(project: Project, paper: str) -> dict:
         "stand_in": {p: stand_in(project, p) for p in papers},
         "margins": {f"{p}/{table}": margin_of(project, p, table) for _, p, table in project.plan.tables() if p in papers},
     }
-    definition["code"] = installed_code(project, [k for protocol, p, table in definition["tables"]
-                                                  for k in project.plan.table_runs(p, table, protocol)])
+    changed = changed_code(project, [k for protocol, p, table in definition["tables"]
+                                     for k in project.plan.table_runs(p, table, protocol)])
+    if changed:                 # runs made by other code (only then: a card of current runs keeps its definition)
+        definition["code"] = changed
     if project.extension:       # the cells it adds are on the card too (only then: a plain card's definition stays)
         definition["extension"] = {f"{p}/{t}": {k: sorted(v) if isinstance(v, set) else v for k, v in added.items()}
                                    for (p, t), added in project.extension.added.items() if p in papers}
