@@ -33,6 +33,7 @@ def cmd_download(args) -> None:
 def cmd_prepare(args) -> None:
     import pandas as pd
 
+    from . import records
     from .data.images import find_corrupt
     from .data.manifest import ManifestError, write_manifest
     from .data.prepare import prepare_dataset, unreadable
@@ -62,6 +63,7 @@ def cmd_prepare(args) -> None:
     if manifest.empty:
         raise ManifestError(f"{spec.name}: every one of its {len(bad)} images is unreadable (listed in {report})")
     write_manifest(args.out, manifest)
+    records.write(args.out, [args.out, report], dataset=spec.name)
     logging.getLogger("fedrepro").info("%s: %d images, %d classes, %d left out%s", spec.name, len(manifest),
                                        manifest["label"].nunique(), len(bad),
                                        f" (listed in {report})" if bad else "")
@@ -70,6 +72,7 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_split(args) -> None:
+    from . import records
     from .data.manifest import read_manifest
     from .data.partition import count_table, make_split, task_classes
     from .io import sha256_file, with_content_digest, write_csv, write_json
@@ -88,6 +91,9 @@ def cmd_split(args) -> None:
     split_heatmap(counts, classes, f"{out.stem}", out.with_suffix(".png"))
     write_json(out, with_content_digest({"dataset": args.dataset, "spec": spec, "seed": args.seed,
                                          "manifest_sha256": sha256_file(args.manifest), **split.to_json()}))
+    # the picture is left out: what it shows is the counts, and its bytes follow matplotlib's version
+    records.write(out, [out, out.with_suffix(".counts.csv")], records.made_from(args.manifest), dataset=args.dataset,
+                  spec=spec, seed=args.seed)
 
 
 def cmd_image_cache(args) -> None:
@@ -163,13 +169,16 @@ def _add_config_json(p, required: bool = True) -> None:
 
 
 def cmd_table(args) -> None:
-    from .report.consistency import check_inputs
+    from .report.chain import write_record
+    from .report.consistency import check_inputs, with_run_manifests
     from .report.tables import make_table, table_inputs, table_item, write_table
 
     project = _project(args)
     item = table_item(project, args.protocol, args.paper, args.table)
-    check_inputs(project, table_inputs(item), args.out)
-    write_table(make_table(item), args.out)
+    inputs = table_inputs(item)
+    check_inputs(project, inputs, args.out)
+    files = write_table(make_table(item), args.out)
+    write_record(args.out, files, with_run_manifests(inputs))
 
 
 def cmd_figure(args) -> None:
@@ -183,7 +192,9 @@ def cmd_figure(args) -> None:
 
 
 def cmd_scorecard(args) -> None:
+    from . import paths
     from .report import scorecard
+    from .report.chain import check_made, write_record
     from .report.code_changes import code_note
     from .report.consistency import check_inputs, scorecard_inputs
     from .report.item import stand_in
@@ -193,15 +204,19 @@ def cmd_scorecard(args) -> None:
         project.resolver.check_names(args.paper)
     check_inputs(project, scorecard_inputs(project, args.paper), args.out)
     papers = list(project.papers) if args.paper == "all" else [args.paper]
+    tables = [(protocol, paper, table) for protocol, paper, table in project.plan.tables() if paper in papers]
+    check_made(project, [paths.table(protocol, paper, table) for protocol, paper, table in tables], args.out)
     title = ("Reproduction scorecard: all papers" if args.paper == "all"
              else f"Reproduction scorecard: {project.papers[args.paper]['title']}")
     stand_ins = [f"{project.papers[p]['title']}: {stand_in(project, p).rstrip('.')}." for p in papers if stand_in(project, p)]
     runs = [k for protocol, paper, table in project.plan.tables() if paper in papers
             for k in project.plan.table_runs(paper, table, protocol)]
-    scorecard.write(scorecard.project_card(project, papers), title,
-                    scorecard.ScorecardFiles.at(Path(args.out).with_suffix("")), stand_ins,
+    files = scorecard.ScorecardFiles.at(Path(args.out).with_suffix(""))
+    scorecard.write(scorecard.project_card(project, papers), title, files, stand_ins,
                     code_note(project, runs, lambda k: f"{project.papers[k.paper]['methods'][k.method].get('label', k.method)} "
                                                        f"({k.paper})"))
+    write_record(args.out, [files.html, files.md, files.csv, files.png],
+                 [paths.table(protocol, paper, table, ".csv") for protocol, paper, table in tables])
 
 
 def cmd_evidence(args) -> None:
@@ -230,10 +245,13 @@ def cmd_report(args) -> None:
     from . import paths
     from .config import load_project
     from .report import overview
+    from .report.chain import check_made
 
     project = _project(args) if args.config_json else load_project(args.configfiles or None)
-    rule_graph = None if args.no_rule_graph else overview.rule_graph_dot(project.configfiles)
     out = args.out or paths.report()
+    # what the page shows is what the jobs wrote: a table or scorecard cut off or edited since is refused
+    check_made(project, [o.path for o in overview.planned_outputs(project) if o.kind != "figure" and o.built], out)
+    rule_graph = None if args.no_rule_graph else overview.rule_graph_dot(project.configfiles)
     overview.write(project, out, rule_graph)
     logging.getLogger("fedrepro").info("report: %s", out)
 

@@ -11,18 +11,20 @@ An extractor registers with :func:`register_extractor` under the figure kind it 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import records
 from .config import ConfigError, check_choice
 from .data.manifest import read_manifest
 from .data.partition import Split, read_split_file, task_classes
-from .io import atomic_path, torch_load
+from .io import atomic_path, content_digest, torch_load
 from .registry import EXTRACTORS, register_extractor
 from .seeding import numpy_rng
-from .train import model_rebuild
+from .train import check_model, check_own_split, model_rebuild
 
 
 def embed(job: dict, out: str | Path) -> None:
@@ -31,6 +33,9 @@ def embed(job: dict, out: str | Path) -> None:
 
     require(weight_specs(model_config(job["run"])))    # the pretrained files the model is built from, before any data
     arrays = EXTRACTORS.get(job["figure"]["kind"]).obj(job)
+    # what it was made from, which a figure compares with the run it draws (fedrepro.report.consistency)
+    arrays[records.NPZ_MEMBER] = np.array(json.dumps({"config_hash": job["run"]["config_hash"],
+                                              "model.pt": content_digest(job["checkpoint"])}, sort_keys=True))
     with atomic_path(out) as tmp:
         with open(tmp, "wb") as fh:
             np.savez_compressed(fh, **arrays)
@@ -41,7 +46,9 @@ def _checkpoint(job: dict) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: the figure {job['figure']['name']} needs the trained model "
                                 f"({model_rebuild(path)})")
-    return torch_load(path, model_rebuild(path))["model"]
+    checkpoint = torch_load(path, model_rebuild(path))
+    check_model(path, job["run"], checkpoint)
+    return checkpoint["model"]
 
 
 def model_config(run: dict) -> dict:
@@ -203,6 +210,7 @@ def prototype_activations(job: dict) -> dict:
     from .registry import DATASETS
 
     split_file = read_split_file(run["paths"]["split"])
+    check_own_split(run, split_file)
     everything = list(DATASETS.get(run["dataset"]).obj.classes)
     kept = task_classes(everything, split_file.get("spec") or {})     # the classes the model was trained on
     classes = [everything[c] for c in kept]

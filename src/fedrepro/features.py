@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from . import records
 from .io import BrokenFile, broken, sha256_file, torch_load, torch_save
 from .models.encoders import encode_prompts
 from .seeding import fixed_threads
@@ -99,6 +100,7 @@ def build_feature_cache(manifest_path: Path, raw_root: Path, class_names: list[s
     cache["weights"] = ({"sha256": sha256_file(weights)} if weights.is_file()
                         else {"tag": encoder["pretrained"], "files": fetched})
     torch_save(out, cache)
+    records.write(out, [out], records.made_from(manifest_path), encoder=encoder, class_names=list(class_names))
     return cache
 
 

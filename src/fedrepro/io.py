@@ -16,6 +16,9 @@ What a run reads back carries a digest recorded when it was written, checked whe
   1.5 GB/s per core: benchmarks/README.md);
 - JSON files (splits) carry the SHA-256 of their own content (:func:`with_content_digest`), checked by
   :func:`content_damage`.
+
+Every file is published with the permissions the user's umask gives a new file (``0666 & ~umask``, as any other
+tool's output on a shared project space), not the 0600 of the temporary file it was written to.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
         yield tmp_path
         with open(tmp_path, "rb") as fh:  # make the bytes durable before the rename publishes them
             os.fsync(fh.fileno())
+        # mkstemp made it 0600: colleagues sharing the folder could not read a table, a run or the report
+        os.chmod(tmp_path, 0o666 & ~umask())
         os.replace(tmp_path, path)
     except Exception as error:
         full = out_of_space(error)
@@ -76,6 +81,23 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
         raise disk_full(path, size, written) from full
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+_UMASK: list[int] = []
+
+
+def umask() -> int:
+    """This process's umask, read once: from /proc (Linux), else by setting it and putting it back at once (a file
+    another thread created between the two calls would get 0022 for that instant's umask: /proc avoids it)."""
+    if not _UMASK:
+        try:
+            with open("/proc/self/status") as fh:
+                value = next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            value = os.umask(0o022)
+            os.umask(value)
+        _UMASK.append(value)
+    return _UMASK[0]
 
 
 def out_of_space(error: BaseException) -> OSError | None:
@@ -146,8 +168,14 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_bytes(data)
 
 
+def json_text(obj: Any) -> str:
+    """What :func:`write_json` writes for ``obj``: a caller that records the file's digest before writing it
+    (a run manifest records that of metrics.json, written last) hashes this."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n"
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+    write_text(path, json_text(obj))
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -270,6 +298,29 @@ def file_digest(path: str | os.PathLike) -> str:
     if key not in _DIGESTS:
         _DIGESTS[key] = sha256_file(path)
     return _DIGESTS[key]
+
+
+def text_digest(text: str) -> str:
+    """The :func:`content_digest` a file holding ``text`` (UTF-8) will have."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def content_digest(path: str | os.PathLike) -> str:
+    """What a file holds, as one string. A zip archive (a :func:`torch_save` file, an ``.npz``): ``crc32:`` and the
+    SHA-256 of its members' names, sizes and CRC-32s, read from its directory without reading the members (a
+    model or cache of gigabytes costs microseconds); the members' bytes are compared with those CRC-32s whenever
+    the archive is read (:func:`archive_damage`, numpy's reader), so the two together vouch for every byte. Any
+    other file: ``sha256:`` and the SHA-256 of its bytes (:func:`file_digest`)."""
+    try:
+        with open(path, "rb") as fh:
+            zipped = fh.read(4) == b"PK\x03\x04"
+        if zipped:
+            with zipfile.ZipFile(path) as archive:
+                listing = [[i.filename, i.file_size, i.CRC] for i in archive.infolist()]
+            return "crc32:" + hashlib.sha256(canonical_json(listing).encode()).hexdigest()
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        pass                 # a damaged archive: its bytes' digest, which differs from the one recorded
+    return "sha256:" + file_digest(path)
 
 
 def _json_default(value: Any) -> Any:

@@ -12,6 +12,7 @@ never overwrite each other either, and runs at the authors' numerics keep the pa
     resources/splits/<split>.json                         client index file (+ .counts.csv, .png)
     resources/images/<dataset>/<decode spec>.u8           decode-once image cache (+ .index.npz)
     resources/features/<dataset>/<encoder key>.pt         frozen-encoder feature cache
+    <any of these four>.provenance                        what it holds and was made from (fedrepro.records)
     resources/weights/<weights id>/                       pretrained weights, fetched once (+ weights.json:
                                                           every file's SHA-256, the source and its revision;
                                                           .fetch.json: when, with which library versions)
@@ -25,9 +26,10 @@ never overwrite each other either, and runs at the authors' numerics keep the pa
     results/checkpoints/<protocol>/<paper>/<setting>/<method>/seed<k>/model.pt (resume.pt and clients/ while running)
     results/downstream/<protocol>/<paper>/<setting>/<method>/seed<k>/<task>.json
     results/embeddings/<protocol>/<paper>/<setting>/<method>/seed<k>/<figure>.npz
-    results/tables/<protocol>/<paper>/<table>.{md,csv,tex,seeds.csv}
+    results/.fedrepro-owner                               the config files whose results the folder holds
+    results/tables/<protocol>/<paper>/<table>.{md,csv,tex,seeds.csv,provenance}
     results/figures/<protocol>/<paper>/<figure>.{png,pdf}
-    results/scorecards/<paper>.{md,html,csv,png}          (and all.* across papers)
+    results/scorecards/<paper>.{md,html,csv,png,provenance}   (and all.* across papers)
     results/extensions/<name>/{tables,scorecards,evidence}/...   an extension's reports (same runs; docs/plugins.md)
     results/report.html                                   the report: what is built, per paper
     logs/<rule>/<job>.log                                 a job's log: every attempt (+ .<job>.log.attempts)
@@ -118,6 +120,31 @@ def features(dataset: str, key: str) -> str:
     return f"resources/features/{dataset}/{key}.pt"
 
 
+PROVENANCE = ".provenance"
+
+
+def provenance(path: str) -> str:
+    """The record beside a file its job wrote: the digests of what it holds and of what it was made from
+    (:mod:`fedrepro.records`). A suffix no other output ends with, so no rule's pattern matches it by mistake."""
+    return f"{path}{PROVENANCE}"
+
+
+def provenance_of(path: str) -> str | None:
+    """The record that vouches for input ``path`` (a manifest, a split, an image cache or its index, a feature
+    cache), or None for a file without one. The rules decide by it, not by ``path``'s modification time
+    (:meth:`fedrepro.dag.Dag.by_content`)."""
+    path = str(path)
+    if path.startswith("resources/manifests/") and path.endswith(".csv") and not path.endswith(".skipped.csv"):
+        return provenance(path)
+    if path.startswith("resources/splits/") and path.endswith(".json"):
+        return provenance(path)
+    if path.startswith("resources/images/") and path.endswith((".u8", ".index.npz")):
+        return provenance(path.removesuffix(".index.npz") + ".u8" if path.endswith(".index.npz") else path)
+    if path.startswith("resources/features/") and path.endswith(".pt"):
+        return provenance(path)
+    return None
+
+
 def weights_dir(weights_id: str, root: str = WEIGHTS_DIR) -> str:
     """The local copy of one pretrained-weights resource (``fedrepro.models.weights``)."""
     return f"{root}/{weights_id}"
@@ -186,6 +213,12 @@ def report_dir() -> str:
     return _RESULTS.get("reports", _RESULTS["dir"])
 
 
+def results_owner() -> str:
+    """Which configuration files the results folder belongs to (fedrepro.dag.owner): another configuration is
+    refused before it overwrites a run of theirs."""
+    return f"{results_dir()}/.fedrepro-owner"
+
+
 def extension_dir(name: str) -> str:
     """Where an extension's tables, scorecards and evidence page go (``extension.name`` of the configuration)."""
     return f"{results_dir()}/extensions/{name}"
@@ -250,7 +283,7 @@ def run_key_of(path: str) -> RunKey | None:
 
 def downstream_of(path: str) -> tuple[RunKey, str] | None:
     """(run, task) of a downstream result file (:func:`downstream`), or None for any other file."""
-    key = run_key_of(path) if path.startswith("results/downstream/") and path.endswith(".json") else None
+    key = run_key_of(path) if path.startswith(f"{results_dir()}/downstream/") and path.endswith(".json") else None
     return None if key is None else (key, Path(path).stem)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import paths
+from . import paths, records
 from .code_identity import run_code
 from .cost.memory import check_fits, clients_of_file
 from .cost.memory import estimate as estimate_memory
@@ -35,7 +35,7 @@ from .data.decode import spec_of
 from .data.image_cache import ImageCache
 from .data.loader import ItemState, loader_pool, resolve_workers
 from .data.manifest import read_manifest
-from .data.partition import Split, read_split_file, task_classes
+from .data.partition import Split, read_split_file, split_id_of, task_classes
 from .device import Compute, resolve_device
 from .features import load_feature_cache
 from .fl.comm import CommLedger
@@ -59,7 +59,22 @@ from .fl.selection import (
     select,
     validation_key,
 )
-from .io import StaleInput, atomic_path, clear_temporaries, sha256_file, torch_save, write_csv, write_json
+from .io import (
+    StaleInput,
+    atomic_path,
+    canonical_json,
+    clear_temporaries,
+    content_digest,
+    file_digest,
+    json_text,
+    read_json,
+    text_digest,
+    torch_save,
+    with_content_digest,
+    write_csv,
+    write_json,
+    write_text,
+)
 from .models.families import build_family
 from .models.weights import require as require_weights
 from .models.weights import weight_specs
@@ -79,6 +94,22 @@ def model_rebuild(model: str | Path) -> str:
             f"(scripts/dvc-results.py pull --stages checkpoints)")
 
 
+def check_model(model: str | Path, run: dict, checkpoint: dict) -> None:
+    """Refuse a trained model that is not run ``run``'s before anything is made from it (the embed and downstream
+    jobs): another configuration's (the config hash it was saved with), or not the file this run wrote (the digest
+    its run manifest records; FedAvg's model.pt copied into FedIIC's folder draws FedIIC's figure from FedAvg)."""
+    if checkpoint.get("config_hash") != run["config_hash"]:
+        raise InputMismatch(f"{model} was trained by another configuration (config hash {checkpoint.get('config_hash')}, "
+                            f"run {run['paper']}/{run['setting']}/{run['method']} seed {run['seed']} is "
+                            f"{run['config_hash']}): copied or moved over it? Rebuild it: {model_rebuild(model)}")
+    manifest = Path(run["paths"]["out"]) / "run_manifest.json"
+    recorded = (read_json(manifest).get("outputs") or {}).get("model.pt") if manifest.is_file() else None
+    if recorded and content_digest(model) != recorded:
+        raise InputMismatch(f"{model} is not the model its run wrote ({manifest} records {recorded[:19]}…, the file "
+                            f"holds {content_digest(model)[:19]}…): copied or moved over it? Rebuild it: "
+                            f"{model_rebuild(model)}")
+
+
 def load_federation(run: dict, split_file: dict | None = None):
     """The run's federation (and the hashes of its inputs), after checking that its split belongs to its
     manifest and that its index sets are disjoint as the split declares. ``split_file``: the split JSON,
@@ -87,19 +118,26 @@ def load_federation(run: dict, split_file: dict | None = None):
     spec = dataset(run["dataset"])
     split_file = read_split_file(paths["split"]) if split_file is None else split_file
     manifest = read_manifest(paths["manifest"])     # a cut-off manifest is named as such, not as "another version"
-    manifest_sha = sha256_file(paths["manifest"])
+    check_own_split(run, split_file)
+    records.verify(paths["split"])
+    manifest_sha = file_digest(paths["manifest"])
     if split_file["manifest_sha256"] != manifest_sha:
         raise InputMismatch(f"{paths['split']} was made from another version of {paths['manifest']}; rebuild the split: "
                             f"snakemake --cores all --force {paths['split']}")
     split = Split.from_json(split_file)
     allow_test = opted_in(run["train"])
     check_disjoint(split, run["protocol"], allow_test, where=paths["split"])
-    hashes = {"manifest_sha256": manifest_sha, "split_sha256": sha256_file(paths["split"]), "split_seed": split_file["seed"]}
+    hashes = {"manifest_sha256": manifest_sha, "split_sha256": file_digest(paths["split"]), "split_seed": split_file["seed"]}
     class_names = list(spec.class_texts)     # what CLIP prompts say (the authors' class folder names)
     kept = task_classes(spec.classes, split_file.get("spec") or {})
     classes = None if len(kept) == len(spec.classes) else kept     # a subset of classes is the task's class set
     if run["input"] == "features":
         cache = load_feature_cache(paths["features"])
+        records.verify(paths["features"])
+        if canonical_json(cache.get("encoder")) != canonical_json(run["features"]["encoder"]):
+            raise InputMismatch(f"{paths['features']} holds the features of the encoder {cache.get('encoder')}, not this "
+                                f"run's {run['features']['encoder']} (copied or moved over it); rebuild it: snakemake "
+                                f"--cores all --forcerun {paths['features']}")
         if cache["manifest_sha256"] != manifest_sha:
             raise InputMismatch(f"{paths['features']} was computed from another version of {paths['manifest']}; rebuild "
                                 f"it: snakemake --cores all --force {paths['features']}")
@@ -107,7 +145,7 @@ def load_federation(run: dict, split_file: dict | None = None):
             raise InputMismatch(f"{paths['features']} holds the text features of the classes {cache.get('class_names')}, "
                                 f"but {run['dataset']}'s prompts now say {class_names}; rebuild it: snakemake "
                                 f"--cores all --force {paths['features']}")
-        hashes["features_sha256"] = sha256_file(paths["features"])
+        hashes["features_sha256"] = file_digest(paths["features"])
         hashes["encoder_weights"] = cache.get("weights")
         return build_feature_federation(split, run["protocol"], cache, class_names, allow_test, classes), hashes
     family = build_family(run["train"]["model"], class_names if classes is None else [class_names[c] for c in classes], {})
@@ -121,12 +159,34 @@ def load_federation(run: dict, split_file: dict | None = None):
     for part, transform in (("train", train_transform), ("eval", eval_transform)):
         if (paths.get("images") or {}).get(part):
             needed = replace(spec_of(transform, pixels), draft=run["jpeg_draft"])
+            records.verify(paths["images"][part])
             caches[part] = ImageCache(paths["images"][part], manifest_sha, needed)
             hashes[f"images_{part}"] = {"file": paths["images"][part], "spec": needed.key}
     fed = build_image_federation(split, run["protocol"], manifest, paths["raw_dir"], class_names,
                                  train_transform, eval_transform, family.extra_columns, caches, run["jpeg_draft"],
                                  allow_test, classes, pixels)
     return fed, hashes
+
+
+def check_own_split(run: dict, split_file: dict) -> None:
+    """Refuse a split file that is not the run's own: what it records of itself (dataset, spec and split seed,
+    vouched for by its content digest) names another split than the run's ``split_id`` (seed 1's split copied over
+    seed 0's trains seed 0 on seed 1's clients without this)."""
+    made = split_id_of(split_file.get("dataset"), split_file.get("spec") or {}, split_file.get("seed"))
+    if made != run["split_id"]:
+        split = run["paths"]["split"]
+        raise InputMismatch(f"{split} holds the split {made} (dataset {split_file.get('dataset')}, split seed "
+                            f"{split_file.get('seed')}), not this run's {run['split_id']}: it was copied or moved over "
+                            f"it. Rebuild it: snakemake --cores all --forcerun {split}")
+
+
+def run_outputs(out_dir: Path, model: Path, metrics_text: str) -> dict[str, str]:
+    """The digests of what a run wrote, for its run manifest (metrics.json's from the text about to be written
+    last): a report refuses a run file that no longer holds them, and a job reading model.pt one that is not this
+    run's (:func:`fedrepro.io.content_digest`: CRC-32s of the archives, SHA-256 of the rest)."""
+    return {"metrics.json": text_digest(metrics_text),
+            **{name: content_digest(out_dir / name) for name in ("history.csv", "predictions.npz")},
+            "model.pt": content_digest(model)}
 
 
 def describe_test_use(run: dict, reads_target: bool, split: Split | None = None) -> dict:
@@ -347,8 +407,10 @@ def train_run(run: dict, out_dir: str | Path, checkpoint_dir: str | Path, log: l
     manifest = run_manifest(run, device=device, determinism=determinism, input_hashes=hashes, execution=execution,
                             timings=timings, resumed_from=result.resumed_from, test_data=test_data, variant=variant,
                             plugins=run_plugins(run), code=code)
-    write_json(out_dir / "run_manifest.json", manifest)
-    write_json(out_dir / "metrics.json", summary)  # last: its presence means the run is complete
+    metrics_text = json_text(summary)
+    manifest["outputs"] = run_outputs(out_dir, checkpoint_dir / "model.pt", metrics_text)
+    write_json(out_dir / "run_manifest.json", with_content_digest(manifest))
+    write_text(out_dir / "metrics.json", metrics_text)  # last: its presence means the run is complete
     resume.unlink(missing_ok=True)
     shutil.rmtree(states, ignore_errors=True)
     return summary

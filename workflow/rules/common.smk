@@ -1,7 +1,7 @@
 # Shared setup: validate the configuration and build the workflow's jobs once (JOBS, a fedrepro.dag.Dag): every
 # input function, resource request and definition hash the rules bind is one of its methods, importable and
 # tested (tests/test_dag.py). What stays here is Snakemake's own: its config, its errors, the profile it loaded,
-# `--until` and `ancient`.
+# `--until`, `ancient` and the results folder's owner (checked once, before any job).
 
 import json
 import os
@@ -15,6 +15,7 @@ from fedrepro import paths
 from fedrepro.config import ConfigError, Project, check_config_files, typed_overrides
 from fedrepro.cost.runtime import FALLBACK_RUNTIME
 from fedrepro.dag import Dag, figure_outputs, per_attempt, scorecard_outputs, table_outputs
+from fedrepro.dag.owner import ResultsOwned, claim
 from fedrepro.paths import RunKey
 
 
@@ -58,6 +59,12 @@ CONFIGFILES = " ".join(shlex.quote(os.path.relpath(f) if Path(f).resolve().is_re
                        for f in workflow.overwrite_configfiles)
 JOBS = Dag(PROJECT, gpu_model_of=profile_gpu_model, configfiles=CONFIGFILES, error=WorkflowError)
 JOBS.out_of_date.prepare(JOBS.report_targets())    # every report's mark exists before planning (dag/out_of_date.py)
+# one results folder, one configuration: refused before any job when this one would overwrite another's runs
+try:
+    claim(PROJECT, workflow.overwrite_configfiles, config.get("force_results_dir"),
+          say=lambda line: print(line, file=sys.stderr))
+except ResultsOwned as error:
+    raise WorkflowError(str(error))
 RAW = JOBS.raw
 train_group = JOBS.train_group     # a rule's group: a name, or a function of the wildcards such as this one
 ENV = "../../envs/fedrepro.yaml"
@@ -89,6 +96,12 @@ def all_outputs(wildcards=None) -> list[str]:
             f"would plan the whole grid (downloads and training included). Put the target first "
             f"(`snakemake all --until {rules_}`); for the pretrained weights alone: `snakemake --cores 2 all_weights`.")
     return JOBS.all_outputs()
+
+
+def by_content(inputs: dict) -> dict:
+    """A job's inputs with the record of each file that has one (JOBS.by_content), the file itself `ancient`: its
+    content decides what reruns, not its modification time (fedrepro.dag.jobs, "deciding by content")."""
+    return {name: ancient(path) if JOBS.decided_by_content(path) else path for name, path in JOBS.by_content(inputs).items()}
 
 
 def ancient_model(inputs: dict) -> dict:

@@ -45,6 +45,7 @@ rule prepare:
     output:
         manifest=paths.manifest("{dataset}"),
         skipped=paths.manifest_skipped("{dataset}"),
+        provenance=paths.provenance(paths.manifest("{dataset}")),
     params:
         raw=lambda wc, input: JOBS.raw_root(input[0]),
         corrupt=PROJECT.config["data"]["corrupt_images"],
@@ -64,11 +65,12 @@ rule prepare:
 rule split:
     """Manifest + partition spec + split seed -> client index file, count table and picture."""
     input:
-        manifest=lambda wc: paths.manifest(JOBS.split_of(wc)["dataset"]),
+        unpack(lambda wc: by_content({"manifest": paths.manifest(JOBS.split_of(wc)["dataset"])})),
     output:
         split=paths.split("{split}"),
         counts=paths.split("{split}", ".counts.csv"),
         figure=paths.split("{split}", ".png"),
+        provenance=paths.provenance(paths.split("{split}")),
     params:
         dataset=lambda wc: JOBS.split_of(wc)["dataset"],
         spec=lambda wc: json.dumps(JOBS.split_of(wc)["spec"], sort_keys=True),
@@ -91,11 +93,11 @@ rule image_cache:
     """Decode every image of a dataset once, at the size a training pipeline first resizes it to
     (docs/ARCHITECTURE.md, "Decode once"): image runs read these files instead of the originals."""
     input:
-        manifest=rules.prepare.output.manifest,
-        raw=rules.download.output.marker,
+        unpack(lambda wc: by_content({"manifest": paths.manifest(wc.dataset), "raw": paths.raw_marker(wc.dataset, RAW)})),
     output:
         pixels=paths.image_cache("{dataset}", "{spec}"),
         index=paths.image_cache_index(paths.image_cache("{dataset}", "{spec}")),
+        provenance=paths.provenance(paths.image_cache("{dataset}", "{spec}")),
     params:
         raw=lambda wc, input: JOBS.raw_root(input.raw),
     threads: PROJECT.config["cache_threads"]
@@ -116,11 +118,11 @@ rule image_cache:
 rule features:
     """Encode every image of a dataset once with a frozen encoder (GPU job on a cluster)."""
     input:
-        manifest=rules.prepare.output.manifest,
-        raw=rules.download.output.marker,
-        weights=JOBS.features_weights,
+        unpack(lambda wc: by_content({"manifest": paths.manifest(wc.dataset), "raw": paths.raw_marker(wc.dataset, RAW),
+                                      "weights": JOBS.features_weights(wc)})),
     output:
         features=paths.features("{dataset}", "{key}"),
+        provenance=paths.provenance(paths.features("{dataset}", "{key}")),
     params:
         raw=lambda wc, input: JOBS.raw_root(input.raw),
         encoder=lambda wc: json.dumps(JOBS.feature_job(wc)["encoder"], sort_keys=True),

@@ -6,7 +6,7 @@ rule downstream:
     """Load a pre-trained checkpoint, freeze its image encoder, train the task's head on a fraction
     of the downstream training split, and score it on the test split."""
     input:
-        unpack(lambda wc: ancient_model(JOBS.downstream_inputs(wc))),
+        unpack(lambda wc: ancient_model(by_content(JOBS.downstream_inputs(wc)))),
     output:
         result=paths.downstream(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "{task}"),
     params:

@@ -17,7 +17,7 @@ localrules:
 rule embed:
     """Extract once what a figure needs from a trained model (features for t-SNE, prototype patches)."""
     input:
-        unpack(lambda wc: ancient_model(JOBS.embed_inputs(wc))),
+        unpack(lambda wc: ancient_model(by_content(JOBS.embed_inputs(wc)))),
     output:
         embedding=paths.embedding(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "{figure}"),
     params:

@@ -4,7 +4,7 @@
 rule train:
     """Run the rounds; checkpoint every round (a killed job resumes); write metrics and provenance."""
     input:
-        unpack(JOBS.train_inputs),
+        unpack(lambda wc: by_content(JOBS.train_inputs(wc))),
     output:
         metrics=paths.run_file(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "metrics.json"),
         history=paths.run_file(RunKey("{paper}", "{protocol}", "{setting}", "{method}", "{seed}"), "history.csv"),

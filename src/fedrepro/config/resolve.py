@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import paths
+from ..data.partition import split_id_of
 from ..io import hash_obj
 from ..paths import DEFAULT_NUMERICS, RunKey
 from ..registry import check_name
@@ -172,13 +173,8 @@ class Resolver:
         return spec
 
     def split_id(self, paper: str, setting: str, seed: int, protocol: str = "clean") -> str:
-        dataset = self.setting(paper, setting, protocol)["dataset"]
-        spec = self.split_spec(paper, setting, seed, protocol)
-        split_seed = self.split_seed(paper, setting, seed, protocol)
-        alpha = f"-a{spec['alpha']:g}" if "alpha" in spec else ""
-        clients = f"-c{spec['clients']}" if "clients" in spec else ""
-        cut = "".join(f"{mark}{spec[key]}" for key, mark in (("partition_seed", "p"), ("client_seed", "c")) if key in spec)
-        return f"{dataset}-{spec['kind']}{alpha}{clients}-s{split_seed}{cut}-{hash_obj([dataset, spec], 6)}"
+        return split_id_of(self.setting(paper, setting, protocol)["dataset"], self.split_spec(paper, setting, seed, protocol),
+                           self.split_seed(paper, setting, seed, protocol))
 
     def jpeg_draft(self, numerics: str) -> bool:
         """Whether runs of ``numerics`` decode large JPEGs with DCT scaling (``data.jpeg_draft``; auto = under the

@@ -8,7 +8,9 @@ Paths come from :mod:`fedrepro.paths` (the one place they are spelled); a rule's
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -50,6 +52,8 @@ class Dag:
         self.out_of_date = OutOfDate(project, say)
         self.requests = Requests(self, gpu_model_of, error, say)
         self._checked_weights: set[str] = set()
+        self._skewed: set[str] = set()
+        self._vouched: dict[str, bool] = {}
 
     # ---- targets ------------------------------------------------------------------------------
 
@@ -114,6 +118,71 @@ class Dag:
         from ..registry import dataset as dataset_spec
 
         return list(dataset_spec(dataset).class_texts)
+
+    # ---- deciding by content ------------------------------------------------------------------
+    # The inputs every job after `prepare` reads (manifest, split, image and feature caches) come with a record of
+    # what they hold (fedrepro.records): a job reads such a file `ancient` (its modification time is not compared)
+    # together with its record, an ordinary input. Snakemake compares a small file's checksum when its time is newer
+    # (it records the checksum of every input under 1 MB when a job ends), and a record holds no time, so a file
+    # rebuilt with the same bytes, pulled, or stamped by a skewed clock reruns nothing; one rebuilt with other bytes
+    # has another record and reruns what reads it; a producer that runs in the same invocation makes its readers
+    # run (the record is not ancient). Big files alone would be compared by time: Snakemake hashes no input over 1 MB.
+
+    def decided_by_content(self, path) -> bool:
+        """Whether input ``path`` has a record that decides for it (the rules read it `ancient`): one that still
+        vouches for it. A file that holds other than its record says (a manifest edited by hand, a cache replaced)
+        is decided by its modification time, as a file without a record is, and named once; its readers then rerun
+        and refuse a derived file by name (fedrepro.records.verify)."""
+        if not isinstance(path, str) or paths.provenance_of(path) is None:
+            return False
+        if path not in self._vouched:
+            self._vouched[path] = self._vouches(path, paths.provenance_of(path))
+        return self._vouched[path]
+
+    def _vouches(self, path: str, record: str) -> bool:
+        """Cheap: a file not changed (ctime, which no copy can set back) since its record was written is what the
+        record describes; only one changed since is compared with it (a digest)."""
+        from .. import records
+
+        try:
+            if os.stat(path).st_ctime_ns <= os.stat(record).st_mtime_ns:
+                return True
+            recorded = records.read(path.removesuffix(".index.npz") + ".u8" if path.endswith(".index.npz") else path)
+        except (OSError, records.ChangedFile):
+            return True          # a missing file or record is rebuilt anyway; an unreadable record, refused by the job
+        if recorded is None or recorded["files"].get(Path(path).name) in (None, records.digest(path)):
+            return True
+        self.say(f"fedrepro: {path} is not what {record} says its job wrote (edited or replaced since): its "
+                 f"modification time decides what reruns, not its record")
+        return False
+
+    def by_content(self, inputs: dict) -> dict:
+        """``inputs`` (a rule's named inputs) with the record of each file that has one, as ``<name>_provenance``
+        (:meth:`decided_by_content`); a file or record whose modification time lies in the future is named once
+        (clocks of the machines that share the folder disagree): its content decides, its time is not acted on."""
+        out = dict(inputs)
+        for name, path in inputs.items():
+            if self.decided_by_content(path):
+                record = paths.provenance_of(path)
+                if record not in out.values():         # an image cache and its index share one
+                    out[f"{name}_provenance"] = record
+                self._note_skew(path, record)
+        return out
+
+    def _note_skew(self, *files: str) -> None:
+        now = time.time()
+        for path in files:
+            if path in self._skewed:
+                continue
+            try:
+                ahead = os.stat(path).st_mtime - now
+            except OSError:
+                continue
+            if ahead > 1:
+                self._skewed.add(path)
+                self.say(f"fedrepro: {path} is dated {ahead / 3600:.1f} h in the future (the clocks of the machines "
+                         f"sharing this folder disagree?): its content decides what reruns, not its time; a job that "
+                         f"has to read it anyway is failed by Snakemake's own clock check until then (or `touch {path}`)")
 
     # ---- pretrained weights -------------------------------------------------------------------
 

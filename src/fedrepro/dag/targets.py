@@ -13,9 +13,11 @@ from .. import paths
 from ..config import ConfigError, did_you_mean
 
 # what each report rule writes, by the name its rule gives the file (workflow/rules/report.smk binds these)
-TABLE_FILES = {"md": ".md", "csv": ".csv", "tex": ".tex", "seeds": ".seeds.csv"}
+# (a table's and a scorecard's record, written last: the digests of its files and of what it was made from)
+TABLE_FILES = {"md": ".md", "csv": ".csv", "tex": ".tex", "seeds": ".seeds.csv", "provenance": paths.provenance(".md")}
 FIGURE_FILES = {"png": ".png", "pdf": ".pdf"}
-SCORECARD_FILES = {"html": ".html", "md": ".md", "csv": ".csv", "png": ".png", "pdf": ".pdf"}
+SCORECARD_FILES = {"html": ".html", "md": ".md", "csv": ".csv", "png": ".png", "pdf": ".pdf",
+                   "provenance": paths.provenance(".html")}
 
 
 def table_outputs(protocol: str, paper: str, table: str) -> dict[str, str]:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .. import records
 from ..io import archive_damage, atomic_path, broken, sha256_file
 from .decode import DecodeSpec, decode_image
 
@@ -84,6 +85,7 @@ def build_image_cache(manifest_path: str | Path, raw_root: str | Path, spec: Dec
     with atomic_path(index_path) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, offsets=offsets, shapes=shapes, crc32=crc32, meta=np.array(json.dumps(meta, sort_keys=True)))
+    records.write(pixels_path, [pixels_path, index_path], records.made_from(manifest_path), spec=spec.key)
     return meta
 
 

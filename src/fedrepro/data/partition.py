@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io import broken, content_damage
+from ..io import broken, content_damage, hash_obj
 from ..registry import SPLITTERS, splitter
 from ..seeding import numpy_rng
 from .margins import MarginError, apportion, fit_table
@@ -577,3 +577,13 @@ def count_table(split: Split, manifest: pd.DataFrame, class_names: list[str], cl
     frame = pd.DataFrame(records)
     frame["total"] = frame[["train", "val", "test"]].sum(axis=1)
     return frame
+
+
+def split_id_of(dataset: str, spec: dict, split_seed: int) -> str:
+    """The id of the split of ``dataset`` by ``spec`` under ``split_seed``: what a split file records of itself
+    (its dataset, spec and seed) gives the id of the split it is, so a training job can tell its own split from
+    another one copied over it."""
+    alpha = f"-a{spec['alpha']:g}" if "alpha" in spec else ""
+    clients = f"-c{spec['clients']}" if "clients" in spec else ""
+    cut = "".join(f"{mark}{spec[key]}" for key, mark in (("partition_seed", "p"), ("client_seed", "c")) if key in spec)
+    return f"{dataset}-{spec['kind']}{alpha}{clients}-s{split_seed}{cut}-{hash_obj([dataset, spec], 6)}"

@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io import read_json, sha256_file, torch_load, write_json
+from ..io import read_json, sha256_file, torch_load, with_content_digest, write_json
 from ..seeding import configure_determinism, numpy_rng, seed_global
-from ..train import model_rebuild
+from ..train import check_model, model_rebuild
 
 
 class DownstreamError(ValueError):
@@ -127,9 +127,7 @@ def load_models(job: dict, family, device) -> list[torch.nn.Module]:
     """The checkpoint's model(s): the server model, or every client model of a personalized run."""
     model = job["paths"]["checkpoint"]
     checkpoint = torch_load(model, model_rebuild(model))       # CRC-32s checked: a damaged file is set aside, named
-    if checkpoint.get("config_hash") != job["run"]["config_hash"]:
-        raise DownstreamError(f"{job['paths']['checkpoint']} belongs to another configuration "
-                              f"(hash {checkpoint.get('config_hash')}, run {job['run']['config_hash']}); retrain it")
+    check_model(model, job["run"], checkpoint)
     saved = checkpoint["model"]
     states = list(saved["clients"].values()) if saved.get("clients") else [saved["server"]]
     models = []
@@ -207,5 +205,5 @@ def run_downstream(job: dict, out: str | Path, log: logging.Logger | None = None
         "precision": compute.precision,
         "time_s": time.time() - started,
     }
-    write_json(out, result)
+    write_json(out, with_content_digest(result))     # a table refuses a result edited since (report.chain)
     return result

@@ -96,9 +96,13 @@ def changed_downstream(project: Project, result: str) -> list[str]:
     return []
 
 
-def check_runs(project: Project, keys, target: str | Path, downstream=()) -> None:
-    """Refuse to build ``target`` from runs (and ``downstream`` result files) whose recorded inputs differ from the
-    current files."""
+def check_runs(project: Project, keys, target: str | Path, downstream=(), embeddings=()) -> None:
+    """Refuse to build ``target`` from runs (and ``downstream`` result files, ``embeddings``) that are not what made
+    them or were made by another configuration (:func:`fedrepro.report.chain.check`), or whose recorded inputs
+    differ from the current files."""
+    from . import chain
+
+    chain.check(project, keys, target, downstream, embeddings)
     stale, rebuild = {}, {}    # file to force (run metrics, downstream result) -> (its name, what changed); inputs to force first
     for key in dict.fromkeys(keys):
         manifest = paths.run_file(key, "run_manifest.json")
@@ -137,10 +141,12 @@ def out_of_date(project: Project, target: str | Path, files) -> list[str]:
     ``files`` (its inputs): a file it was made from is missing now (deleted, never pulled), or a run behind it was
     made from inputs that have changed since, without a newer modification time (put back with ``cp -p``). Cheap
     enough for every DAG build: only inputs changed (ctime) after a run recorded them are hashed."""
+    from .chain import report_changed
+
     if not Path(target).exists():
         return []                   # Snakemake builds it anyway
     files = list(map(str, files))
-    reasons = [f"{f} is missing" for f in files if not Path(f).exists()]
+    reasons = [f"{f} is missing" for f in files if not Path(f).exists()] + report_changed(target)
     for key in runs_behind(files):
         manifest = Path(paths.run_file(key, "run_manifest.json"))
         if manifest.is_file():
@@ -160,7 +166,8 @@ def check_inputs(project: Project, files, target: str | Path) -> None:
     """:func:`check_runs` for a report that reads ``files``: the runs behind them and the downstream results among
     them."""
     files = list(map(str, files))
-    check_runs(project, runs_behind(files), target, [f for f in files if paths.downstream_of(f)])
+    check_runs(project, runs_behind(files), target, [f for f in files if paths.downstream_of(f)],
+               [f for f in files if f.startswith(f"{paths.results_dir()}/embeddings/")])
 
 
 def scorecard_inputs(project: Project, paper: str) -> list[str]:

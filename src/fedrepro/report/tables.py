@@ -365,12 +365,15 @@ def render_latex(result: TableResult) -> str:
     return "\n".join(lines)
 
 
-def write_table(result: TableResult, out_md: str | Path) -> None:
+def write_table(result: TableResult, out_md: str | Path) -> list[Path]:
+    """-> the files written (.csv, .seeds.csv, .tex, .md)."""
     out_md = Path(out_md)
-    write_csv(out_md.with_suffix(".csv"), result.summary)
-    write_csv(seeds_file(out_md), result.seeds)
-    write_text(out_md.with_suffix(".tex"), render_latex(result))
+    files = [out_md.with_suffix(".csv"), seeds_file(out_md), out_md.with_suffix(".tex"), out_md]
+    write_csv(files[0], result.summary)
+    write_csv(files[1], result.seeds)
+    write_text(files[2], render_latex(result))
     write_text(out_md, render_markdown(result, seeds_file(out_md).name))
+    return files
 
 
 @register_table_kind("split_counts", inputs=counts_inputs)
