@@ -97,7 +97,7 @@ def test_a_downstream_job_reads_its_model_and_the_files_beside_it(project, dag):
 
 def test_the_report_rules_outputs_are_the_targets_estimate_knows(project, dag):
     protocol, paper, table = next(iter(project.plan.tables()))
-    assert list(table_outputs(protocol, paper, table)) == ["md", "csv", "tex", "seeds"]
+    assert list(table_outputs(protocol, paper, table)) == ["md", "csv", "tex", "seeds", "provenance"]
     assert table_outputs(protocol, paper, table)["md"] == paths.table(protocol, paper, table)
     protocol, paper, figure = next(iter(project.plan.figures()))
     assert list(figure_outputs(protocol, paper, figure).values()) == [paths.figure(protocol, paper, figure),

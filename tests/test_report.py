@@ -39,7 +39,7 @@ def tiny(root, tmp_path, monkeypatch):
         write_json(paths.run_file(key), {"eval": {"global": {"acc": acc}}, "run": {"protocol": "clean"},
                                          "selection": {"rule": "best_val"}, "test_data": {}})
         write_json(paths.run_file(key, "run_manifest.json"), {
-            "inputs": {}, "hardware": {"device": device},
+            "inputs": {}, "hardware": {"device": device}, "run": {"config_hash": project.resolver.run_config(key)["config_hash"]},
             "variant": {"precision": precision, "encoder_precision": "fp32", "jpeg_draft": True}})
         pd.DataFrame({"round": [1, 2], "global/acc": [0.4, acc]}).to_csv(paths.run_file(key, "history.csv"), index=False)
     yield project

@@ -29,7 +29,8 @@ def test_a_restarted_job_removes_the_temporaries_of_the_killed_attempt(tiny):
         path.write_bytes(b"half")
     main(["image-cache", "--manifest", tiny["paths"]["manifest"], "--raw-dir", tiny["paths"]["raw_dir"],
           "--spec", "square16-bilinear", "--out", str(pixels)])
-    assert sorted(p.name for p in pixels.parent.iterdir()) == sorted([pixels.name, "square16-bilinear.index.npz", other.name])
+    assert sorted(p.name for p in pixels.parent.iterdir()) == sorted([pixels.name, "square16-bilinear.index.npz",
+                                                                        "square16-bilinear.u8.provenance", other.name])
 
 
 def attempt(log: Path, text: str, killed: bool) -> None:

@@ -157,15 +157,19 @@ class Dag:
         return False
 
     def by_content(self, inputs: dict) -> dict:
-        """``inputs`` (a rule's named inputs) with the record of each file that has one, as ``<name>_provenance``
-        (:meth:`decided_by_content`); a file or record whose modification time lies in the future is named once
-        (clocks of the machines that share the folder disagree): its content decides, its time is not acted on."""
+        """``inputs`` (a rule's named inputs) with the record of each file that has one, as ``<name>_provenance``,
+        whether or not it still vouches for the file (:meth:`decided_by_content` decides only whether the file is
+        read `ancient`): a job's set of inputs must not change with it, or Snakemake reruns the job for that alone.
+        A file or record whose modification time lies in the future is named once (clocks of the machines that
+        share the folder disagree): its content decides, its time is not acted on."""
         out = dict(inputs)
         for name, path in inputs.items():
+            record = paths.provenance_of(path) if isinstance(path, str) else None
+            if record is None:
+                continue
+            if record not in out.values():             # an image cache and its index share one
+                out[f"{name}_provenance"] = record
             if self.decided_by_content(path):
-                record = paths.provenance_of(path)
-                if record not in out.values():         # an image cache and its index share one
-                    out[f"{name}_provenance"] = record
                 self._note_skew(path, record)
         return out
 

@@ -23,7 +23,7 @@ scorecard, the evidence page or the report reads it:
 Each refusal names the file, what it should hold or have been made from, and the command that rebuilds it
 (:func:`fedrepro.report.consistency.rebuild_command`). Files written before these records existed carry none and
 are read as before. What it costs: one SHA-256 of each small run file, and one read of predictions.npz per run
-and report (benchmarks/read_back.py prints both).
+and report (benchmarks/provenance.py prints both).
 """
 
 from __future__ import annotations
