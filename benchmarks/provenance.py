@@ -2,7 +2,7 @@
 """What the provenance chain costs (docs/cluster-and-cache.md, "A result proves what it was made from"), on a
 configuration whose results are built (default: the demo's, after `bash scripts/demo.sh`):
 
-1. the report jobs' check of the runs they read (:func:`fedrepro.report.chain.check`: the run manifest's own
+1. the report jobs' check of the runs they read (:func:`fedrepro.report.chain.problems`: the run manifest's own
    SHA-256, the digests of metrics.json, history.csv and predictions.npz, the config hash, the metrics computed
    again from predictions.npz): seconds per run, and summed over every table, figure and scorecard job of the
    configuration as each job reads its runs;
@@ -61,7 +61,7 @@ def main() -> None:
         sys.exit(f"no built runs under {paths.results_dir()}: build the configuration first")
 
     # 1. per run, then as the report jobs read them
-    per_run = {k: best(lambda k=k: chain.check(project, [k], "benchmark"), args.repeats) for k in runs}
+    per_run = {k: best(lambda k=k: chain.problems(project, [k]), args.repeats) for k in runs}
     reads = []
     for protocol, paper, table in project.plan.tables():
         reads += project.plan.table_runs(paper, table, protocol)

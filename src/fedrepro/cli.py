@@ -194,9 +194,9 @@ def cmd_figure(args) -> None:
 def cmd_scorecard(args) -> None:
     from . import paths
     from .report import scorecard
-    from .report.chain import check_made, write_record
+    from .report.chain import write_record
     from .report.code_changes import code_note
-    from .report.consistency import check_inputs, scorecard_inputs
+    from .report.consistency import check_inputs, check_made, scorecard_inputs
     from .report.item import stand_in
 
     project = _project(args)
@@ -245,7 +245,7 @@ def cmd_report(args) -> None:
     from . import paths
     from .config import load_project
     from .report import overview
-    from .report.chain import check_made
+    from .report.consistency import check_made
 
     project = _project(args) if args.config_json else load_project(args.configfiles or None)
     out = args.out or paths.report()

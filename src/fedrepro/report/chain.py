@@ -20,8 +20,8 @@ scorecard, the evidence page or the report reads it:
   or scorecard that is not what its job wrote. :func:`report_changed` tells the workflow, while it plans, that a
   table or scorecard whose files or inputs changed without a newer modification time must be made again.
 
-Each refusal names the file, what it should hold or have been made from, and the command that rebuilds it
-(:func:`fedrepro.report.consistency.rebuild_command`). Files written before these records existed carry none and
+The refusals (:mod:`.consistency`, which imports this module) name the file, what it should hold or have been
+made from, and the command that rebuilds it (:func:`fedrepro.report.consistency.rebuild_command`). Files written before these records existed carry none and
 are read as before. What it costs: one SHA-256 of each small run file, and one read of predictions.npz per run
 and report (benchmarks/provenance.py prints both).
 """
@@ -131,27 +131,21 @@ def embedding_problems(project: Project, embedding: str) -> list[str]:
     return []
 
 
-def check(project: Project, keys, target: str | Path, downstream=(), embeddings=()) -> None:
-    """Refuse to build ``target`` from runs ``keys``, ``downstream`` results or ``embeddings`` whose files are not
-    what made them (:func:`run_problems`, ...), with the command that makes them again."""
-    from .consistency import rebuild_command
-
-    found: dict[str, list[str]] = {}          # file to force -> problems
+def problems(project: Project, keys, downstream=(), embeddings=()) -> dict[str, list[str]]:
+    """What is wrong with runs ``keys``, ``downstream`` results and ``embeddings`` (:func:`run_problems`, ...): the
+    file to force -> its problems (empty: nothing). :func:`fedrepro.report.consistency.check_runs` refuses them
+    with the command that makes them again."""
+    found: dict[str, list[str]] = {}
     for key in dict.fromkeys(keys):
-        if Path(paths.run_file(key, "run_manifest.json")).is_file() and (problems := run_problems(project, key)):
-            found[paths.run_file(key)] = problems
+        if Path(paths.run_file(key, "run_manifest.json")).is_file() and (wrong := run_problems(project, key)):
+            found[paths.run_file(key)] = wrong
     for result in dict.fromkeys(map(str, downstream)):
-        if problems := downstream_problems(result):
-            found[result] = problems
+        if wrong := downstream_problems(result):
+            found[result] = wrong
     for embedding in dict.fromkeys(map(str, embeddings)):
-        if problems := embedding_problems(project, embedding):
-            found[embedding] = problems
-    if found:
-        lines = [p for problems in found.values() for p in problems]
-        listed = "\n".join(f"  {line}" for line in lines[:10]) + (f"\n  ... and {len(lines) - 10} more" if len(lines) > 10 else "")
-        raise ChangedFiles(f"{target}: {len(found)} of the files it reads are not what made them, or were made by "
-                           f"another configuration, so it is not built from them:\n{listed}\nMake them again:\n"
-                           f"    {rebuild_command(project, target, list(found))}")
+        if wrong := embedding_problems(project, embedding):
+            found[embedding] = wrong
+    return found
 
 
 # ---- the records of tables and scorecards ----------------------------------------------------------
@@ -161,21 +155,16 @@ def write_record(primary: str | Path, outputs, inputs) -> None:
     records.write(primary, outputs, records.made_from(*[f for f in dict.fromkeys(map(str, inputs)) if Path(f).is_file()]))
 
 
-def check_made(project: Project, primaries, reader: str | Path) -> None:
-    """Refuse to build ``reader`` from tables or scorecards (``primaries``: their Snakemake targets) whose files
-    are not what their job wrote (a CSV cut off mid-write or mid-number, edited by hand)."""
-    from .consistency import rebuild_command
-
+def changed_reports(primaries) -> dict[str, list[str]]:
+    """The tables or scorecards among ``primaries`` (their Snakemake targets) whose files are not what their job
+    wrote (a CSV cut off mid-write or mid-number, edited by hand): target -> its changed files.
+    :func:`fedrepro.report.consistency.check_made` refuses them."""
     damaged = {}
     for primary in map(str, primaries):
         record = records.read(primary) if Path(primary).exists() else None
         if record and (changed := records.changed(primary, record)):
             damaged[primary] = changed
-    if damaged:
-        listed = "\n".join(f"  {', '.join(c)}: not what {paths.provenance(p)} says its job wrote" for p, c in damaged.items())
-        raise ChangedFiles(f"{reader}: {len(damaged)} of the reports it reads changed since they were made (cut off or "
-                           f"edited), so it is not built from them:\n{listed}\nMake them again:\n"
-                           f"    {rebuild_command(project, reader, list(damaged))}")
+    return damaged
 
 
 def report_changed(target: str | Path) -> list[str]:

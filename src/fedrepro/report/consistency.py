@@ -98,11 +98,16 @@ def changed_downstream(project: Project, result: str) -> list[str]:
 
 def check_runs(project: Project, keys, target: str | Path, downstream=(), embeddings=()) -> None:
     """Refuse to build ``target`` from runs (and ``downstream`` result files, ``embeddings``) that are not what made
-    them or were made by another configuration (:func:`fedrepro.report.chain.check`), or whose recorded inputs
+    them or were made by another configuration (:func:`fedrepro.report.chain.problems`), or whose recorded inputs
     differ from the current files."""
     from . import chain
 
-    chain.check(project, keys, target, downstream, embeddings)
+    if found := chain.problems(project, keys, downstream, embeddings):
+        lines = [p for problems in found.values() for p in problems]
+        listed = "\n".join(f"  {line}" for line in lines[:10]) + (f"\n  ... and {len(lines) - 10} more" if len(lines) > 10 else "")
+        raise chain.ChangedFiles(f"{target}: {len(found)} of the files it reads are not what made them, or were made by "
+                                 f"another configuration, so it is not built from them:\n{listed}\nMake them again:\n"
+                                 f"    {rebuild_command(project, target, list(found))}")
     stale, rebuild = {}, {}    # file to force (run metrics, downstream result) -> (its name, what changed); inputs to force first
     for key in dict.fromkeys(keys):
         manifest = paths.run_file(key, "run_manifest.json")
@@ -176,3 +181,16 @@ def scorecard_inputs(project: Project, paper: str) -> list[str]:
 
     return list(dict.fromkeys(f for protocol, p, table in project.plan.tables() if paper in ("all", p)
                               for f in table_inputs(table_item(project, protocol, p, table))))
+
+
+def check_made(project: Project, primaries, reader: str | Path) -> None:
+    """Refuse to build ``reader`` from tables or scorecards (``primaries``: their Snakemake targets) whose files
+    are not what their job wrote (:func:`fedrepro.report.chain.changed_reports`), with the command that makes them
+    again."""
+    from . import chain
+
+    if damaged := chain.changed_reports(primaries):
+        listed = "\n".join(f"  {', '.join(c)}: not what {paths.provenance(p)} says its job wrote" for p, c in damaged.items())
+        raise chain.ChangedFiles(f"{reader}: {len(damaged)} of the reports it reads changed since they were made (cut "
+                                 f"off or edited), so it is not built from them:\n{listed}\nMake them again:\n"
+                                 f"    {rebuild_command(project, reader, list(damaged))}")
