@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from http_files import server  # noqa: F401  (a fixture: a local HTTP server, for the download tests)
+
 ROOT = Path(__file__).resolve().parents[1]
 os.chdir(ROOT)
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")

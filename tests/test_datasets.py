@@ -22,7 +22,7 @@ from fedrepro.data.manifest import ManifestError, validate_manifest, write_manif
 from fedrepro.data.prepare import prepare_dataset
 from fedrepro.data.spec import DatasetSpec, Source
 from fedrepro.registry import dataset
-from http_files import server, zip_bytes  # noqa: F401  (server: a pytest fixture)
+from http_files import zip_bytes
 
 
 def jpeg(path: Path, shade: int = 0) -> Path:

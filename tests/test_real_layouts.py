@@ -23,7 +23,7 @@ from fedrepro.data.download import DownloadError, ManualStepRequired, NotEnoughS
 from fedrepro.data.manifest import ManifestError, read_manifest
 from fedrepro.data.prepare import prepare_dataset
 from fedrepro.registry import DATASETS, dataset
-from http_files import server, zip_bytes  # noqa: F401  (server: a pytest fixture)
+from http_files import zip_bytes
 from real_layouts import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[1]
