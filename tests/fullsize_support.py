@@ -139,11 +139,15 @@ def random_init(model: dict) -> dict:
     return out
 
 
+SMOKE_SPLIT = {"kind": "smoke"}       # the spec the synthetic federation's split file records
+
+
 def smoke_run(combo: Combination, workdir: Path, *, local_steps: int = 1, batch_size: int = 2,
               device: str = "cpu", protocol: str | None = None, numerics: str = "fast") -> dict:
     """The representative run of ``combo`` for one round on the synthetic federation in ``workdir``, under
     ``protocol`` if given, else the first configured, and ``numerics`` (``authors``: the authors' precision, e.g.
     CLIP's fp16 weights, and pixels)."""
+    from fedrepro.data.partition import split_id_of
     from fedrepro.io import hash_obj
     from fedrepro.models.weights import weight_specs
 
@@ -162,6 +166,9 @@ def smoke_run(combo: Combination, workdir: Path, *, local_steps: int = 1, batch_
                     "split": str(workdir / "split.json"), "images": None,
                     "features": str(workdir / "features.pt") if run["input"] == "features" else None,
                     "out": str(workdir / "out"), "checkpoints": str(workdir / "ckpt")}
+    # the synthetic split (write_federation) is the run's own: a split file names the split it holds, and a run
+    # refuses one that is not its split_id (train.check_own_split)
+    run["split_id"] = split_id_of(run["dataset"], SMOKE_SPLIT, 0)
     run.pop("config_hash")
     run["config_hash"] = hash_obj(run)
     return run
@@ -205,7 +212,7 @@ def write_federation(run: dict, workdir: Path, seed: int = 0) -> None:
     split = Split(clients={f"client{c}": {p: np.asarray(rows_of[(f"client{c}", p)]) for p in SIZES} for c in range(CLIENTS)},
                   global_test=np.asarray(rows_of[("global", "test")]), reference=np.asarray(rows_of[("reference", "train")]))
     write_manifest(run["paths"]["manifest"], manifest)
-    write_json(run["paths"]["split"], {"dataset": run["dataset"], "spec": {"kind": "smoke"}, "seed": 0,
+    write_json(run["paths"]["split"], {"dataset": run["dataset"], "spec": SMOKE_SPLIT, "seed": 0,
                                        "manifest_sha256": sha256_file(run["paths"]["manifest"]), **split.to_json()})
 
 
