@@ -192,6 +192,9 @@ HOW: dict[str, How] = {
                                                             "usage: python -m fedrepro.forkserver serve", rc=1),
     "python benchmarks/dag_scale.py": Help("python benchmarks/dag_scale.py", "plans the full grid several times "
                                            "(minutes); its run counts are checked in tests/test_doc_numbers.py"),
+    "python benchmarks/provenance.py": Help("python benchmarks/provenance.py", "reads a built demo's results "
+                                            "(after bash scripts/demo.sh); the checks it times are tested in "
+                                            "tests/faults/test_provenance.py"),
     "python benchmarks/input_pipeline.py": Help("python benchmarks/input_pipeline.py", "a few minutes of decoding images"),
     "python benchmarks/fullsize_smoke.py": Help("python benchmarks/fullsize_smoke.py", "16 minutes on 2 cores"),
     ".venv/bin/python -m pytest": Skip(SUITE),

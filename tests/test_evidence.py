@@ -20,9 +20,11 @@ from fedrepro.report import evidence
 ROOT_CONFIG = "config/evidence.yaml"      # every variant of the two papers: more than the demo runs
 
 
-def write_run(key, evals: dict, labels: np.ndarray, history: pd.DataFrame) -> None:
+def write_run(project, key, evals: dict, labels: np.ndarray, history: pd.DataFrame) -> None:
     write_json(paths.run_file(key), {"eval": evals})
-    write_json(paths.run_file(key, "run_manifest.json"), {"inputs": {}})   # made from nothing the check can compare
+    # made by this configuration (the page refuses another's runs) from nothing the input check can compare
+    write_json(paths.run_file(key, "run_manifest.json"),
+               {"inputs": {}, "run": {"config_hash": project.resolver.run_config(key)["config_hash"]}})
     np.savez(paths.run_file(key, "predictions.npz"), **{f"selected:{k}/labels": labels for k in evals})
     history.to_csv(paths.run_file(key, "history.csv"), index=False)
 
@@ -51,7 +53,7 @@ def fill(project, bacc: float = 0.9, recall: float = 0.5, low: tuple = (), site:
                      for i in range(3)} | {"global": {"bacc": 0.5}})
             history = pd.DataFrame({"round": [1, 2, 3], **{f"client{i}/bacc": [0.5, np.nan, value] for i in range(3)},
                                     **{f"client{i}@global/bacc": [0.5, np.nan, site] for i in range(3)}})
-        write_run(key, evals, np.array([0, 1] * 50), history)
+        write_run(project, key, evals, np.array([0, 1] * 50), history)
 
 
 def test_scores_use_the_task_and_the_clients_own_models(project):
@@ -184,7 +186,7 @@ def test_personalized_runs_learn_on_their_own_clients_data_with_the_paper_metric
     assert "bacc (clients' models on global): 55.0" in page and "held-out data of its own client" in page
     key = next(k for k in project.plan.runs() if k.paper == "fedadapterproto")
     evals = {f"client{i}@global": {"bacc": 0.8} for i in range(3)} | {"global": {"bacc": 0.5}}
-    write_run(key, evals, np.array([0, 1] * 50), pd.DataFrame({"round": [1], "client0@global/bacc": [0.8]}))
+    write_run(project, key, evals, np.array([0, 1] * 50), pd.DataFrame({"round": [1], "client0@global/bacc": [0.8]}))
     row = evidence.score_run(project, key)
     assert row["value"] == pytest.approx(0.8) and "no client holds held-out data" in row["metric"] and row["paper_metric"] == ""
     history = pd.DataFrame({"round": [1, 2], "client0/bacc": [0.7, 0.9], "client0@global/bacc": [0.5, 0.6],
