@@ -48,6 +48,7 @@ def test_split_counts_show_only_the_task_classes():
 def test_a_run_on_a_class_subset_scores_only_its_classes(tmp_path):
     """Through the training job's loader (fedrepro.train.load_federation), the feature path: the federation's
     labels are 0..K-1, its class prompts and text features are the kept classes' only."""
+    from fedrepro.data.partition import split_id_of
     from fedrepro.train import load_federation
 
     frame = manifest()
@@ -64,6 +65,8 @@ def test_a_run_on_a_class_subset_scores_only_its_classes(tmp_path):
                             "labels": torch.tensor(frame["label"].to_numpy().copy()), "paths": frame["path"].tolist(),
                             "class_names": texts, "encoder": {}, "manifest_sha256": sha256_file(manifest_file)})
     run = {"dataset": "demo_domains", "protocol": "clean", "input": "features", "train": {},
+           "split_id": split_id_of("demo_domains", SPEC, 0),      # the split file is the run's own (train checks it)
+           "features": {"encoder": {}},                           # ... and so is the cache's encoder
            "paths": {"manifest": str(manifest_file), "split": str(split_file), "features": str(cache_file)}}
     fed, _ = load_federation(run)
     assert fed.num_classes == 3
