@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from infra_support import copy_repo  # noqa: E402  (the tests' copy of the repository as git sees it)
+
 DURATIONS = ROOT / "tests/durations.json"
 NO_TESTS = 5          # pytest's exit status when a shard's files hold no selected test
 
@@ -68,19 +71,10 @@ def copy_checkout(dest: Path) -> Path:
     here, edits not yet committed included."""
     subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(ROOT), str(dest)], check=True)
     subprocess.run(["git", "reset", "-q"], cwd=dest, check=True)     # the index at HEAD: tracked files stay tracked
-    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, listing):
-        src = ROOT / rel
-        if src.is_symlink() or src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel, follow_symlinks=False)
+    copy_repo(dest)                                                   # the files and the package's bytecode
     (dest / ".venv").symlink_to(ROOT / ".venv")
     with (dest / ".git/info/exclude").open("a") as exclude:     # a link, not a folder: '.venv/' would not match it
         exclude.write("/.venv\n")
-    # its package's bytecode (scripts/setup.sh does this for the checkout): not compiled again by every process
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(dest / "src/fedrepro")], check=True,
-                   stdout=subprocess.DEVNULL)
     return dest
 
 
